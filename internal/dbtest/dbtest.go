@@ -1,0 +1,195 @@
+// Package dbtest gives every test its own real PostgreSQL database.
+//
+// A test binary calls Main from TestMain. Main uses the server named by
+// ONCEFLOW_DATABASE_URL or DATABASE_URL (the user there must be allowed to
+// CREATE DATABASE) or, when neither is set, starts a throwaway cluster with
+// pgcluster. It migrates a template database once; NewDatabase copies it for
+// each test, so tests and packages run in parallel without seeing each
+// other's rows. Tests never skip for want of a database: without a server,
+// Main fails the run with a message saying how to get one.
+package dbtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/internal/pgcluster"
+	"github.com/onceflow/onceflow/migrations"
+)
+
+// server is the process-wide database server the tests use.
+var server struct {
+	adminURL string // a database on the server where CREATE DATABASE runs
+	template string // migrated database every test database copies
+}
+
+// Main runs the tests of m against a real PostgreSQL and exits with their
+// result. Use it as: func TestMain(m *testing.M) { dbtest.Main(m) }.
+func Main(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctx := context.Background()
+	server.adminURL = pgcluster.URLFromEnv()
+	if server.adminURL == "" {
+		cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "dbtest:", err)
+			return 1
+		}
+		defer cluster.Stop()
+		server.adminURL = cluster.URL()
+	}
+	template, err := createTemplate(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dbtest:", err)
+		return 1
+	}
+	server.template = template
+	defer dropDatabase(ctx, template)
+	return m.Run()
+}
+
+// createTemplate makes a database with every migration applied, named
+// uniquely so that several test binaries can share one server.
+func createTemplate(ctx context.Context) (string, error) {
+	name := uniqueName("onceflow_template")
+	if err := createDatabase(ctx, name, ""); err != nil {
+		return "", err
+	}
+	conn, err := pgx.Connect(ctx, databaseURL(server.adminURL, name))
+	if err != nil {
+		return "", fmt.Errorf("connect to template: %w", err)
+	}
+	defer conn.Close(ctx)
+	m, err := migrations.New(conn, migrations.Config{})
+	if err != nil {
+		return "", err
+	}
+	if _, err := m.Up(ctx); err != nil {
+		return "", fmt.Errorf("migrate template: %w", err)
+	}
+	return name, nil
+}
+
+// Options shapes a test database.
+type Options struct {
+	// Unmigrated leaves the database empty instead of copying the migrated
+	// template.
+	Unmigrated bool
+}
+
+// NewDatabase creates a database for t alone, dropped when t ends, and
+// returns its URL.
+func NewDatabase(t testing.TB, opts Options) string {
+	t.Helper()
+	if server.adminURL == "" {
+		t.Fatal("dbtest: the package's TestMain must call dbtest.Main")
+	}
+	template := server.template
+	if opts.Unmigrated {
+		template = ""
+	}
+	name := uniqueName("onceflow_test")
+	ctx := context.Background()
+	if err := createDatabase(ctx, name, template); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dropDatabase(context.Background(), name) })
+	return databaseURL(server.adminURL, name)
+}
+
+// NewPool connects to a new migrated database for t, with room for maxConns
+// connections (0 means 8). The pool is closed when t ends.
+func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	return Connect(t, NewDatabase(t, Options{}), maxConns)
+}
+
+// Connect opens a pool to url with room for maxConns connections (0 means
+// 8), closed when t ends.
+func Connect(t testing.TB, url string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 8
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func createDatabase(ctx context.Context, name, template string) error {
+	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	if template != "" {
+		sql += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
+	}
+	return admin(ctx, sql)
+}
+
+func dropDatabase(ctx context.Context, name string) {
+	_ = admin(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+}
+
+// admin runs one statement on a short-lived connection to the admin database.
+func admin(ctx context.Context, sql string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, server.adminURL)
+	if err != nil {
+		return fmt.Errorf("dbtest: connect to %s: %w", redact(server.adminURL), err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("dbtest: %s: %w", sql, err)
+	}
+	return nil
+}
+
+// databaseURL returns base with its database replaced by name. It accepts
+// both URL and keyword/value connection strings.
+func databaseURL(base, name string) string {
+	if strings.HasPrefix(base, "postgres://") || strings.HasPrefix(base, "postgresql://") {
+		u, err := url.Parse(base)
+		if err == nil {
+			u.Path = "/" + name
+			return u.String()
+		}
+	}
+	// In keyword/value form the last dbname wins.
+	return base + " dbname=" + name
+}
+
+func uniqueName(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + "_" + hex.EncodeToString(b)
+}
+
+func redact(connString string) string {
+	if u, err := url.Parse(connString); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		return u.String()
+	}
+	return "the database server"
+}

@@ -1,0 +1,37 @@
+-- The idempotency-key record: one row per (tenant, key), carrying the lease,
+-- the recovery point of a workflow and, once finished, the stored response.
+CREATE TABLE {schema}.onceflow_keys (
+    tenant_id       text        NOT NULL CHECK (octet_length(tenant_id) BETWEEN 1 AND 255),
+    key             text        NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 255),
+    id              uuid        NOT NULL,
+    workflow        text        NOT NULL CHECK (octet_length(workflow) BETWEEN 1 AND 255),
+    request_hash    bytea       NOT NULL CHECK (octet_length(request_hash) = 32),
+    request         jsonb,
+    owner           uuid        NOT NULL,
+    status          text        NOT NULL DEFAULT 'in_flight'
+                                CHECK (status IN ('in_flight', 'completed', 'failed')),
+    recovery_point  text,
+    state           jsonb,
+    locked_until    timestamptz,
+    attempts        integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    last_error      text,
+    response_status integer     CHECK (response_status BETWEEN 100 AND 999),
+    response_body   bytea,
+    response_header jsonb,
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    completed_at    timestamptz,
+    PRIMARY KEY (tenant_id, key),
+    -- A record holds a lease exactly while it is in flight; a finished one
+    -- has its response and the moment it finished.
+    CHECK ((status = 'in_flight') = (locked_until IS NOT NULL)),
+    CHECK ((status = 'in_flight') = (completed_at IS NULL)),
+    CHECK ((status = 'in_flight') = (response_status IS NULL))
+) WITH (fillfactor = 80);
+
+-- The sweeper's two questions: whose lease has expired, and what finished
+-- long enough ago to prune.
+CREATE INDEX onceflow_keys_lease_idx
+    ON {schema}.onceflow_keys (locked_until) WHERE status = 'in_flight';
+CREATE INDEX onceflow_keys_finished_idx
+    ON {schema}.onceflow_keys (completed_at) WHERE status <> 'in_flight';
