@@ -3,6 +3,7 @@ module github.com/onceflow/onceflow
 go 1.26
 
 require (
+	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/stretchr/testify v1.12.1
 )

@@ -5,7 +5,8 @@
 // CREATE DATABASE) or, when neither is set, starts a throwaway cluster with
 // pgcluster. It migrates a template database once; NewDatabase copies it for
 // each test, so tests and packages run in parallel without seeing each
-// other's rows. Tests never skip for want of a database: without a server,
+// other's rows. Runnable examples find a migrated database of their own in
+// DATABASE_URL, as a user's program would. Tests never skip for want of a database: without a server,
 // Main fails the run with a message saying how to get one.
 package dbtest
 
@@ -58,6 +59,16 @@ func run(m *testing.M) int {
 	}
 	server.template = template
 	defer dropDatabase(ctx, template)
+
+	// Runnable examples connect the way a user's program would, through
+	// DATABASE_URL; give them a migrated database of their own.
+	example := uniqueName("onceflow_example")
+	if err := createDatabase(ctx, example, template); err != nil {
+		fmt.Fprintln(os.Stderr, "dbtest:", err)
+		return 1
+	}
+	defer dropDatabase(ctx, example)
+	os.Setenv("DATABASE_URL", databaseURL(server.adminURL, example))
 	return m.Run()
 }
 

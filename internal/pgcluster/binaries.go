@@ -17,8 +17,9 @@ var ErrNoServer = errors.New("no PostgreSQL available: set ONCEFLOW_DATABASE_URL
 	"(Debian/Ubuntu: apt-get install postgresql; macOS: brew install postgresql) so that initdb and " +
 	"postgres are on PATH, reachable through pg_config --bindir, or under /usr/lib/postgresql/*/bin")
 
-// debianRoot is where Debian and Ubuntu install one directory per server version.
-const debianRoot = "/usr/lib/postgresql"
+// versionedRoot is where Debian and Ubuntu install one directory per server
+// version. A variable so that tests can point it elsewhere.
+var versionedRoot = "/usr/lib/postgresql"
 
 // FindBinaries returns the directory holding the initdb and postgres
 // executables. It looks on PATH, then at pg_config --bindir, then under
@@ -36,7 +37,7 @@ func FindBinaries() (string, error) {
 	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
 		candidates = append(candidates, strings.TrimSpace(string(out)))
 	}
-	candidates = append(candidates, versionDirs(debianRoot)...)
+	candidates = append(candidates, versionDirs(versionedRoot)...)
 
 	for _, dir := range candidates {
 		if isExecutable(filepath.Join(dir, "initdb")) && isExecutable(filepath.Join(dir, "postgres")) {

@@ -1,0 +1,132 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Outcome says what a successful claim gives its caller.
+type Outcome int
+
+const (
+	// OutcomeNew: the key was absent; the caller owns a new record and
+	// executes from the start.
+	OutcomeNew Outcome = iota + 1
+	// OutcomeTakeover: the lease had expired; the caller owns the record
+	// under a new owner token and resumes after Record.RecoveryPoint.
+	OutcomeTakeover
+	// OutcomeReplay: the record is finished; answer with Record.Response.
+	OutcomeReplay
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeNew:
+		return "new"
+	case OutcomeTakeover:
+		return "takeover"
+	case OutcomeReplay:
+		return "replay"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// ClaimParams describes a request that carries an idempotency key.
+type ClaimParams struct {
+	Key Key
+	// Workflow names the operation: a workflow's name, or an HTTP method and
+	// route. Required; the same input rules as a key apply.
+	Workflow string
+	// Fingerprint identifies the request (FingerprintJSON, FingerprintBytes).
+	Fingerprint Fingerprint
+	// Request is stored with a new record so the work can resume without
+	// the client. It must be JSON; nil stores nothing.
+	Request []byte
+	// Lease is how long the claim holds the key. 0 means LeaseDefault.
+	Lease time.Duration
+}
+
+// abandonedError is recorded when a takeover finds a lease that ran out
+// without being released: its holder stopped or lost touch.
+const abandonedError = "lease expired: the previous attempt stopped without finishing or releasing the key"
+
+// claimRetries bounds how often Claim re-runs its statement after losing a
+// race with a concurrent first claim. One re-run always sees that claim's row
+// unless it was deleted in between.
+const claimRetries = 3
+
+// Claim applies the state machine to a request carrying p.Key, in one
+// statement:
+//
+//   - absent: creates the record and returns OutcomeNew;
+//   - in flight with an expired lease and the same fingerprint: takes it
+//     over with a new owner token and returns OutcomeTakeover;
+//   - completed or failed with the same fingerprint: returns OutcomeReplay;
+//   - in flight with a valid lease: returns an *InFlightError (ErrInFlight);
+//   - any existing record with a different fingerprint: ErrMismatch.
+//
+// Invalid input returns an *InputError and writes nothing.
+func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Record, Outcome, error) {
+	if err := p.Key.Validate(); err != nil {
+		return nil, 0, err
+	}
+	if err := checkName("workflow", p.Workflow); err != nil {
+		return nil, 0, err
+	}
+	lease, err := leaseMicros(p.Lease)
+	if err != nil {
+		return nil, 0, err
+	}
+	for range claimRetries {
+		var (
+			outcome int
+			dbNow   time.Time
+		)
+		rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.claim,
+			p.Key.Tenant, p.Key.ID, uuid.New(), p.Workflow, p.Fingerprint[:], p.Request, uuid.New(),
+			lease, abandonedError,
+		), &outcome, &dbNow)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // a concurrent first claim committed after our snapshot
+		}
+		if err != nil {
+			return nil, 0, fmt.Errorf("claim key: %w", err)
+		}
+		switch {
+		case outcome == claimedNew:
+			return rec, OutcomeNew, nil
+		case outcome == claimedTakeover:
+			return rec, OutcomeTakeover, nil
+		case rec.Fingerprint != p.Fingerprint:
+			return nil, 0, fmt.Errorf("%w (tenant %q, key %q)", ErrMismatch, p.Key.Tenant, p.Key.ID)
+		case rec.Finished():
+			return rec, OutcomeReplay, nil
+		default:
+			return nil, 0, &InFlightError{Key: p.Key, RetryAfter: retryAfter(rec, dbNow)}
+		}
+	}
+	return nil, 0, &InFlightError{Key: p.Key, RetryAfter: time.Second}
+}
+
+// retryAfter is how long until rec's lease ends by the database clock, at
+// least a second: a claim that read an expired lease lost the takeover to a
+// concurrent one, which now holds a fresh lease.
+func retryAfter(rec *Record, dbNow time.Time) time.Duration {
+	return max(rec.LockedUntil.Sub(dbNow), time.Second)
+}
+
+// leaseMicros returns a lease in microseconds, LeaseDefault for 0.
+func leaseMicros(lease time.Duration) (int64, error) {
+	if lease == 0 {
+		lease = LeaseDefault
+	}
+	if lease < time.Millisecond {
+		return 0, &InputError{Field: "lease", Problem: fmt.Sprintf("is %s, shorter than 1ms", lease)}
+	}
+	return lease.Microseconds(), nil
+}

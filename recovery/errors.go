@@ -1,0 +1,61 @@
+package recovery
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+var (
+	// ErrInFlight reports that another attempt holds the key's lease. Retry
+	// after a moment (HTTP 409 with Retry-After); *InFlightError says when.
+	ErrInFlight = errors.New("a request with this idempotency key is in flight")
+
+	// ErrMismatch reports that the key was used before with a different
+	// request (HTTP 422). Replaying the old response would hide a client bug.
+	ErrMismatch = errors.New("idempotency key reused with a different request")
+
+	// ErrLeaseLost reports a fenced write that matched no row: the lease was
+	// taken over (or released, or the record finished) and this attempt no
+	// longer owns the key. Roll back what it wrote and stop.
+	ErrLeaseLost = errors.New("lease lost: another attempt owns this idempotency key")
+
+	// ErrNotFound reports that no record exists for the key.
+	ErrNotFound = errors.New("idempotency key not found")
+
+	// ErrStarted reports DeleteUnstarted on a record that already committed a
+	// recovery point: its effects exist, so the record must stay.
+	ErrStarted = errors.New("idempotency key already has committed work")
+
+	// ErrInvalidInput reports a tenant, key or operation name that breaks the
+	// input rules; *InputError says which and why. Nothing is written.
+	ErrInvalidInput = errors.New("invalid input")
+)
+
+// InFlightError is the ErrInFlight a claim returns, with the time until the
+// current lease expires by the database clock.
+type InFlightError struct {
+	Key        Key
+	RetryAfter time.Duration
+}
+
+func (e *InFlightError) Error() string {
+	return fmt.Sprintf("%v (tenant %q, key %q; lease ends in %s)", ErrInFlight, e.Key.Tenant, e.Key.ID, e.RetryAfter.Round(time.Millisecond))
+}
+
+// Is makes errors.Is(err, ErrInFlight) true.
+func (e *InFlightError) Is(target error) bool { return target == ErrInFlight }
+
+// InputError names the field that breaks the input rules and what is wrong
+// with it.
+type InputError struct {
+	Field   string // "tenant", "key", "workflow", ...
+	Problem string // e.g. "is longer than 255 bytes (300)"
+}
+
+func (e *InputError) Error() string {
+	return fmt.Sprintf("%v: %s %s", ErrInvalidInput, e.Field, e.Problem)
+}
+
+// Is makes errors.Is(err, ErrInvalidInput) true.
+func (e *InputError) Is(target error) bool { return target == ErrInvalidInput }

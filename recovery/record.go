@@ -1,0 +1,141 @@
+package recovery
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// Status is where a record is in its life.
+type Status string
+
+const (
+	// StatusInFlight: an attempt holds (or held, if the lease expired) the key.
+	StatusInFlight Status = "in_flight"
+	// StatusCompleted: the work finished; its response is stored.
+	StatusCompleted Status = "completed"
+	// StatusFailed: the work failed terminally; its error response is stored.
+	StatusFailed Status = "failed"
+)
+
+// Record is one idempotency key's row.
+type Record struct {
+	Key Key
+	// ID is minted when the record is created and never changes; derived
+	// downstream keys are built from it, so a key reused after its record
+	// was pruned derives different downstream keys.
+	ID uuid.UUID
+	// Workflow is the operation name the key was claimed for.
+	Workflow    string
+	Fingerprint Fingerprint
+	// Request is the stored request (JSON), so the work can resume without
+	// the client. nil when none was stored.
+	Request json.RawMessage
+	// Owner is the current owner token, the fence for every write.
+	Owner  uuid.UUID
+	Status Status
+	// RecoveryPoint names the last step whose result is committed; "" when
+	// none is.
+	RecoveryPoint string
+	// State is the workflow state committed with RecoveryPoint (JSON).
+	State json.RawMessage
+	// LockedUntil is when the lease ends by the database clock. Zero when the
+	// record is finished or its lease was released (see Released).
+	LockedUntil time.Time
+	// Released reports an in-flight record whose last attempt handed its
+	// lease back: any claim may take it over at once.
+	Released bool
+	// Attempts counts attempts that ended without finishing: each Release,
+	// and each takeover of a lease that expired because its holder stopped.
+	Attempts  int
+	LastError string
+	// Response is the stored response; nil while in flight.
+	Response    *Response
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	CompletedAt time.Time // zero while in flight
+}
+
+// Fence returns the record's key and owner token, which every write after
+// the claim must present.
+func (r *Record) Fence() Fence { return Fence{Key: r.Key, Owner: r.Owner} }
+
+// Finished reports whether the record is completed or failed terminally.
+func (r *Record) Finished() bool { return r.Status != StatusInFlight }
+
+// Fence is what a write must present to change a record: the key and the
+// owner token its claim returned.
+type Fence struct {
+	Key   Key
+	Owner uuid.UUID
+}
+
+// Response is what a finished request answered, stored verbatim and replayed
+// to every retry.
+type Response struct {
+	Status int
+	// Header holds the allow-listed response headers (Config.ResponseHeaders).
+	Header http.Header
+	// Body is stored byte for byte; a JSON body keeps its key order and
+	// whitespace.
+	Body []byte
+}
+
+// recordColumns is the column list every statement returning a record uses,
+// in the order scanRecord reads them.
+const recordColumns = `tenant_id, key, id, workflow, request_hash, request, owner, status,
+	recovery_point, state, locked_until, attempts, last_error,
+	response_status, response_body, response_header, created_at, updated_at, completed_at`
+
+// scanRecord reads recordColumns, then extra columns into extra.
+func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
+	var (
+		r              Record
+		hash           []byte
+		status         string
+		recoveryPoint  pgtype.Text
+		lockedUntil    pgtype.Timestamptz
+		lastError      pgtype.Text
+		responseStatus pgtype.Int4
+		responseBody   []byte
+		responseHeader []byte
+		completedAt    pgtype.Timestamptz
+	)
+	dest := append([]any{
+		&r.Key.Tenant, &r.Key.ID, &r.ID, &r.Workflow, &hash, &r.Request, &r.Owner, &status,
+		&recoveryPoint, &r.State, &lockedUntil, &r.Attempts, &lastError,
+		&responseStatus, &responseBody, &responseHeader, &r.CreatedAt, &r.UpdatedAt, &completedAt,
+	}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return nil, err
+	}
+	copy(r.Fingerprint[:], hash)
+	r.Status = Status(status)
+	r.RecoveryPoint = recoveryPoint.String
+	r.LastError = lastError.String
+	r.Released = lockedUntil.Valid && lockedUntil.InfinityModifier == pgtype.NegativeInfinity
+	if lockedUntil.Valid && lockedUntil.InfinityModifier == pgtype.Finite {
+		r.LockedUntil = lockedUntil.Time
+	}
+	if completedAt.Valid {
+		r.CompletedAt = completedAt.Time
+	}
+	if responseStatus.Valid {
+		resp := &Response{Status: int(responseStatus.Int32), Body: responseBody}
+		if resp.Body == nil {
+			resp.Body = []byte{}
+		}
+		if len(responseHeader) > 0 {
+			if err := json.Unmarshal(responseHeader, &resp.Header); err != nil {
+				return nil, fmt.Errorf("decode stored response header: %w", err)
+			}
+		}
+		r.Response = resp
+	}
+	return &r, nil
+}

@@ -1,0 +1,118 @@
+package recovery
+
+import (
+	"strings"
+
+	"github.com/onceflow/onceflow/internal/dbschema"
+)
+
+// Claim outcomes as the claim statement reports them in its outcome column.
+const (
+	claimedNew      = 1
+	claimedTakeover = 2
+	claimedExisting = 3
+)
+
+// claimSQL decides a claim in one statement and returns one row: the record
+// as it now is, how it was reached, and the database clock.
+//
+//   - existing reads the row as of the statement's snapshot.
+//   - inserted creates the record when the snapshot has none. If a
+//     concurrent claim inserted it meanwhile, ON CONFLICT waits for that
+//     transaction and takes over only if the committed row allows it.
+//   - taken takes over an expired lease with the same fingerprint. The WHERE
+//     clause is re-checked against the latest row version, so of two
+//     concurrent takeovers only one matches.
+//
+// A completed record makes neither write, so a replay writes nothing. The
+// statement returns no row only when a concurrent first claim committed
+// after the snapshot was taken and holds a valid lease; Claim then runs it
+// again, and the new snapshot sees that row.
+//
+// Parameters: $1 tenant, $2 key, $3 new id, $4 workflow, $5 fingerprint,
+// $6 request, $7 new owner, $8 lease in microseconds, $9 the error recorded
+// when taking over a lease whose holder stopped without releasing it.
+const claimSQL = `
+WITH existing AS (
+    SELECT ` + recordColumns + ` FROM {keys} WHERE tenant_id = $1 AND key = $2
+),
+inserted AS (
+    INSERT INTO {keys} AS k (tenant_id, key, id, workflow, request_hash, request, owner, locked_until)
+    SELECT $1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::jsonb, $7::uuid,
+           clock_timestamp() + $8::bigint * interval '1 microsecond'
+    WHERE NOT EXISTS (SELECT 1 FROM existing)
+    ON CONFLICT (tenant_id, key) DO UPDATE SET ` + takeoverSet + `
+    WHERE k.status = 'in_flight' AND k.locked_until < clock_timestamp()
+      AND k.request_hash = EXCLUDED.request_hash
+    RETURNING ` + recordColumns + `
+),
+taken AS (
+    UPDATE {keys} AS k SET ` + takeoverSet + `
+    WHERE k.tenant_id = $1 AND k.key = $2 AND k.status = 'in_flight'
+      AND k.locked_until < clock_timestamp() AND k.request_hash = $5
+    RETURNING ` + recordColumns + `
+)
+SELECT ` + recordColumns + `, CASE WHEN id = $3 THEN 1 ELSE 2 END, clock_timestamp() FROM inserted
+UNION ALL
+SELECT ` + recordColumns + `, 2, clock_timestamp() FROM taken
+UNION ALL
+SELECT ` + recordColumns + `, 3, clock_timestamp() FROM existing
+WHERE NOT EXISTS (SELECT 1 FROM inserted) AND NOT EXISTS (SELECT 1 FROM taken)`
+
+// takeoverSet mints the new owner and lease. A lease that expired without
+// being released ('-infinity') belonged to an attempt that stopped: count it.
+const takeoverSet = `
+        owner = $7::uuid,
+        locked_until = clock_timestamp() + $8::bigint * interval '1 microsecond',
+        updated_at = clock_timestamp(),
+        attempts = k.attempts + (k.locked_until <> '-infinity')::int,
+        last_error = CASE WHEN k.locked_until = '-infinity' THEN k.last_error ELSE $9 END`
+
+// fence is the guard on every write after the claim.
+const fence = `tenant_id = $1 AND key = $2 AND owner = $3 AND status = 'in_flight'`
+
+const (
+	loadSQL = `SELECT ` + recordColumns + ` FROM {keys} WHERE tenant_id = $1 AND key = $2`
+
+	advanceSQL = `UPDATE {keys} SET recovery_point = $4, state = $5::jsonb, updated_at = clock_timestamp()
+WHERE ` + fence
+
+	// finishSQL completes or fails a record: $4 status, $5 response status,
+	// $6 body, $7 header, $8 last error (NULL keeps the old one).
+	finishSQL = `UPDATE {keys} SET status = $4, locked_until = NULL,
+    response_status = $5, response_body = $6, response_header = $7::jsonb,
+    last_error = coalesce($8, last_error),
+    completed_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE ` + fence
+
+	releaseSQL = `UPDATE {keys} SET locked_until = '-infinity', owner = gen_random_uuid(),
+    attempts = attempts + 1, last_error = $4, updated_at = clock_timestamp()
+WHERE ` + fence
+
+	renewSQL = `UPDATE {keys} SET locked_until = clock_timestamp() + $4::bigint * interval '1 microsecond',
+    updated_at = clock_timestamp()
+WHERE ` + fence + `
+RETURNING locked_until`
+
+	deleteUnstartedSQL = `DELETE FROM {keys} WHERE ` + fence + ` AND recovery_point IS NULL`
+)
+
+// queries holds the statements with the schema filled in.
+type queries struct {
+	claim, load, advance, finish, release, renew, deleteUnstarted string
+}
+
+func newQueries(schema string) *queries {
+	expand := func(sql string) string {
+		return dbschema.Expand(strings.ReplaceAll(sql, "{keys}", "{schema}.onceflow_keys"), schema)
+	}
+	return &queries{
+		claim:           expand(claimSQL),
+		load:            expand(loadSQL),
+		advance:         expand(advanceSQL),
+		finish:          expand(finishSQL),
+		release:         expand(releaseSQL),
+		renew:           expand(renewSQL),
+		deleteUnstarted: expand(deleteUnstartedSQL),
+	}
+}

@@ -1,0 +1,89 @@
+package recovery
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/internal/dbschema"
+)
+
+// LeaseDefault is the lease a claim takes when none is given. Size it to
+// outlive the work's own timeout, so that a takeover of a live attempt stays
+// the rare path.
+const LeaseDefault = 30 * time.Second
+
+// MaxErrorLength is the longest last_error kept, in bytes; longer messages
+// are cut.
+const MaxErrorLength = 4096
+
+// DefaultResponseHeaders are the response headers stored and replayed when
+// Config.ResponseHeaders is nil. Headers that belong to one connection or
+// one client (Set-Cookie, Date, Content-Length) are not replayed.
+var DefaultResponseHeaders = []string{
+	"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified", "Link",
+}
+
+// DBTX runs statements. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Config configures a Store.
+type Config struct {
+	// Schema holds onceflow's tables; use the schema the migrations ran
+	// with. "" means "public".
+	Schema string
+
+	// ResponseHeaders lists the response headers Complete and Fail keep.
+	// nil means DefaultResponseHeaders; an empty, non-nil slice keeps none.
+	ResponseHeaders []string
+}
+
+// Store reads and changes key records.
+type Store struct {
+	db      DBTX
+	sql     *queries
+	headers map[string]bool
+}
+
+// New returns a Store that runs its statements on db.
+func New(db DBTX, cfg Config) (*Store, error) {
+	schema, err := dbschema.Resolve(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	allow := cfg.ResponseHeaders
+	if allow == nil {
+		allow = DefaultResponseHeaders
+	}
+	headers := make(map[string]bool, len(allow))
+	for _, h := range allow {
+		headers[http.CanonicalHeaderKey(h)] = true
+	}
+	return &Store{db: db, sql: newQueries(schema), headers: headers}, nil
+}
+
+// WithTx returns a Store whose statements run in tx, so that a transition
+// commits or rolls back together with the caller's own writes.
+func (s *Store) WithTx(tx pgx.Tx) *Store {
+	c := *s
+	c.db = tx
+	return &c
+}
+
+// keepHeaders returns the allow-listed subset of h.
+func (s *Store) keepHeaders(h http.Header) http.Header {
+	kept := http.Header{}
+	for name, values := range h {
+		if s.headers[http.CanonicalHeaderKey(name)] {
+			kept[http.CanonicalHeaderKey(name)] = append([]string(nil), values...)
+		}
+	}
+	return kept
+}

@@ -1,0 +1,151 @@
+package recovery
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Load returns the record for k, or ErrNotFound.
+func (s *Store) Load(ctx context.Context, k Key) (*Record, error) {
+	if err := k.Validate(); err != nil {
+		return nil, err
+	}
+	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.load, k.Tenant, k.ID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w (tenant %q, key %q)", ErrNotFound, k.Tenant, k.ID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load key: %w", err)
+	}
+	return rec, nil
+}
+
+// Advance commits a recovery point: the name of the step whose result is now
+// committed, and the workflow state (JSON) after it. Run it in the step's
+// own transaction (WithTx) so the step's writes and the recovery point
+// commit together.
+func (s *Store) Advance(ctx context.Context, f Fence, recoveryPoint string, state []byte) error {
+	if err := checkName("recovery point", recoveryPoint); err != nil {
+		return err
+	}
+	tag, err := s.db.Exec(ctx, s.sql.advance, f.Key.Tenant, f.Key.ID, f.Owner, recoveryPoint, state)
+	return fenced("advance", f, tag, err)
+}
+
+// Complete marks the record completed and stores resp for replay: the
+// status, the allow-listed headers, and the body byte for byte.
+func (s *Store) Complete(ctx context.Context, f Fence, resp Response) error {
+	return s.finish(ctx, "complete", f, StatusCompleted, resp, nil)
+}
+
+// Fail marks the record failed terminally, stores resp (typically a 500) for
+// replay, and keeps cause as the last error. Retries get resp; nothing runs
+// again.
+func (s *Store) Fail(ctx context.Context, f Fence, resp Response, cause string) error {
+	c := cleanError(cause)
+	return s.finish(ctx, "fail", f, StatusFailed, resp, &c)
+}
+
+func (s *Store) finish(ctx context.Context, op string, f Fence, status Status, resp Response, cause *string) error {
+	if resp.Status < 100 || resp.Status > 999 {
+		return &InputError{Field: "response status", Problem: fmt.Sprintf("is %d, not a three-digit HTTP status", resp.Status)}
+	}
+	header, err := json.Marshal(s.keepHeaders(resp.Header))
+	if err != nil {
+		return fmt.Errorf("%s key: encode header: %w", op, err)
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	tag, err := s.db.Exec(ctx, s.sql.finish, f.Key.Tenant, f.Key.ID, f.Owner,
+		string(status), resp.Status, body, header, cause)
+	return fenced(op, f, tag, err)
+}
+
+// Release hands the lease back after an attempt failed in a way a retry may
+// fix: the record stays in flight at its recovery point, attempts grows by
+// one, cause is kept as the last error, and the next claim takes it over at
+// once. The released owner token is retired, so the attempt can write no
+// more.
+func (s *Store) Release(ctx context.Context, f Fence, cause string) error {
+	tag, err := s.db.Exec(ctx, s.sql.release, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause))
+	return fenced("release", f, tag, err)
+}
+
+// Renew extends the lease to lease from now by the database clock and
+// returns its new end. 0 means LeaseDefault.
+func (s *Store) Renew(ctx context.Context, f Fence, lease time.Duration) (time.Time, error) {
+	micros, err := leaseMicros(lease)
+	if err != nil {
+		return time.Time{}, err
+	}
+	var until time.Time
+	err = s.db.QueryRow(ctx, s.sql.renew, f.Key.Tenant, f.Key.ID, f.Owner, micros).Scan(&until)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, lostLease("renew", f)
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("renew lease: %w", err)
+	}
+	return until, nil
+}
+
+// DeleteUnstarted removes a record that has committed no recovery point, for
+// a request rejected before it changed anything (a validation error): the
+// client may retry at once with the same key. It returns ErrStarted when
+// the record has a recovery point, and ErrLeaseLost when f no longer owns
+// the key.
+func (s *Store) DeleteUnstarted(ctx context.Context, f Fence) error {
+	tag, err := s.db.Exec(ctx, s.sql.deleteUnstarted, f.Key.Tenant, f.Key.ID, f.Owner)
+	if err != nil {
+		return fmt.Errorf("delete unstarted key: %w", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	rec, err := s.Load(ctx, f.Key)
+	if err == nil && rec.Owner == f.Owner && !rec.Finished() && rec.RecoveryPoint != "" {
+		return fmt.Errorf("delete unstarted key: %w (recovery point %q)", ErrStarted, rec.RecoveryPoint)
+	}
+	return lostLease("delete unstarted", f)
+}
+
+// fenced turns a fenced write's result into ErrLeaseLost when it matched no
+// row.
+func fenced(op string, f Fence, tag pgconn.CommandTag, err error) error {
+	if err != nil {
+		return fmt.Errorf("%s key: %w", op, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return lostLease(op, f)
+	}
+	return nil
+}
+
+func lostLease(op string, f Fence) error {
+	return fmt.Errorf("%s key: %w (tenant %q, key %q, owner %s)", op, ErrLeaseLost, f.Key.Tenant, f.Key.ID, f.Owner)
+}
+
+// cleanError makes an error message storable: valid UTF-8, no NUL bytes
+// (PostgreSQL text cannot hold them), at most MaxErrorLength bytes.
+func cleanError(msg string) string {
+	msg = strings.ToValidUTF8(msg, "\uFFFD")
+	msg = strings.ReplaceAll(msg, "\x00", "\uFFFD")
+	if len(msg) <= MaxErrorLength {
+		return msg
+	}
+	cut := MaxErrorLength
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut]
+}

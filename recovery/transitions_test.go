@@ -1,0 +1,214 @@
+package recovery_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/recovery"
+)
+
+// TestStaleOwnerIsFencedOut: once a lease is taken over, every write by the
+// old owner matches no row, reports ErrLeaseLost, and changes nothing.
+func TestStaleOwnerIsFencedOut(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{"amount":100}`)
+	stale, _ := b.claim(t, p)
+	require.NoError(t, b.store.Advance(b.ctx, stale.Fence(), "create_order", []byte(`{"order_id":1}`)))
+	b.expire(t, key)
+	current, outcome := b.claim(t, p)
+	require.Equal(t, recovery.OutcomeTakeover, outcome)
+	before := b.load(t, key)
+	version := b.rowVersion(t, key)
+
+	f := stale.Fence()
+	writes := map[string]func() error{
+		"advance":  func() error { return b.store.Advance(b.ctx, f, "charge", []byte(`{"order_id":1,"charge":"ch_1"}`)) },
+		"complete": func() error { return b.store.Complete(b.ctx, f, jsonResponse) },
+		"fail":     func() error { return b.store.Fail(b.ctx, f, recovery.Response{Status: 500}, "x") },
+		"renew": func() error {
+			_, err := b.store.Renew(b.ctx, f, time.Minute)
+			return err
+		},
+		"release":          func() error { return b.store.Release(b.ctx, f, "x") },
+		"delete unstarted": func() error { return b.store.DeleteUnstarted(b.ctx, f) },
+	}
+	for name, write := range writes {
+		require.ErrorIs(t, write(), recovery.ErrLeaseLost, name)
+		require.Equal(t, before, b.load(t, key), "%s by a stale owner changed the record", name)
+		require.Equal(t, version, b.rowVersion(t, key), "%s by a stale owner wrote a row version", name)
+	}
+
+	// The current owner's writes still land.
+	require.NoError(t, b.store.Advance(b.ctx, current.Fence(), "charge", []byte(`{"order_id":1,"charge":"ch_1"}`)))
+	require.NoError(t, b.store.Complete(b.ctx, current.Fence(), jsonResponse))
+	require.Equal(t, recovery.StatusCompleted, b.load(t, key).Status)
+}
+
+// TestFencedWriteRollsBackWithTransaction: a stale owner writing its local
+// rows and its recovery point in one transaction loses both.
+func TestFencedWriteRollsBackWithTransaction(t *testing.T) {
+	b := setup(t)
+	_, err := b.db.Exec(b.ctx, `CREATE TABLE orders (id serial PRIMARY KEY, note text)`)
+	require.NoError(t, err)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{}`)
+	stale, _ := b.claim(t, p)
+	b.expire(t, key)
+	b.claim(t, p)
+
+	err = pgx.BeginFunc(b.ctx, b.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(b.ctx, `INSERT INTO orders (note) VALUES ('from the stale owner')`); err != nil {
+			return err
+		}
+		return b.store.WithTx(tx).Advance(b.ctx, stale.Fence(), "create_order", nil)
+	})
+	require.ErrorIs(t, err, recovery.ErrLeaseLost)
+	var orders int
+	require.NoError(t, b.db.QueryRow(b.ctx, `SELECT count(*) FROM orders`).Scan(&orders))
+	require.Zero(t, orders, "the stale owner's local write rolled back with its fenced write")
+}
+
+func TestAdvanceStoresRecoveryPointAndState(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	rec, _ := b.claim(t, params(t, key, `{}`))
+	require.NoError(t, b.store.Advance(b.ctx, rec.Fence(), "create_order", []byte(`{"order_id":7}`)))
+	require.NoError(t, b.store.Advance(b.ctx, rec.Fence(), "charge", []byte(`{"order_id":7,"charge_id":"ch_9"}`)))
+	got := b.load(t, key)
+	require.Equal(t, "charge", got.RecoveryPoint)
+	require.JSONEq(t, `{"order_id":7,"charge_id":"ch_9"}`, string(got.State))
+	require.Equal(t, rec.Owner, got.Owner)
+
+	require.ErrorIs(t, b.store.Advance(b.ctx, rec.Fence(), "", nil), recovery.ErrInvalidInput)
+
+	// A finished record takes no more recovery points.
+	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), jsonResponse))
+	require.ErrorIs(t, b.store.Advance(b.ctx, rec.Fence(), "late", nil), recovery.ErrLeaseLost)
+	require.ErrorIs(t, b.store.Complete(b.ctx, rec.Fence(), jsonResponse), recovery.ErrLeaseLost, "a record completes once")
+}
+
+func TestCompleteRejectsBadStatus(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	rec, _ := b.claim(t, params(t, key, `{}`))
+	require.ErrorIs(t, b.store.Complete(b.ctx, rec.Fence(), recovery.Response{Status: 0}), recovery.ErrInvalidInput)
+	require.ErrorIs(t, b.store.Complete(b.ctx, rec.Fence(), recovery.Response{Status: 1000}), recovery.ErrInvalidInput)
+	require.Equal(t, recovery.StatusInFlight, b.load(t, key).Status)
+}
+
+func TestReleaseKeepsWorkAndCountsAttempt(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	rec, _ := b.claim(t, params(t, key, `{}`))
+	require.NoError(t, b.store.Advance(b.ctx, rec.Fence(), "create_order", []byte(`{"order_id":1}`)))
+
+	// Messages that PostgreSQL text cannot hold as given are cleaned, not lost.
+	cause := "provider said \x00 \xff " + strings.Repeat("x", 2*recovery.MaxErrorLength)
+	require.NoError(t, b.store.Release(b.ctx, rec.Fence(), cause))
+	got := b.load(t, key)
+	require.Equal(t, recovery.StatusInFlight, got.Status)
+	require.True(t, got.Released)
+	require.True(t, got.LockedUntil.IsZero())
+	require.Equal(t, 1, got.Attempts)
+	require.Equal(t, "create_order", got.RecoveryPoint, "the recovery point survives a release")
+	require.True(t, strings.HasPrefix(got.LastError, "provider said \uFFFD \uFFFD xxx"), got.LastError[:40])
+	require.LessOrEqual(t, len(got.LastError), recovery.MaxErrorLength)
+	require.True(t, utf8.ValidString(got.LastError))
+
+	require.ErrorIs(t, b.store.Release(b.ctx, rec.Fence(), "again"), recovery.ErrLeaseLost,
+		"a released owner token is retired")
+	require.Equal(t, 1, b.load(t, key).Attempts)
+}
+
+func TestRenewExtendsLeaseOnDatabaseClock(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{}`)
+	p.Lease = 2 * time.Second
+	rec, _ := b.claim(t, p)
+
+	until, err := b.store.Renew(b.ctx, rec.Fence(), time.Hour)
+	require.NoError(t, err)
+	var dbNow time.Time
+	require.NoError(t, b.db.QueryRow(b.ctx, `SELECT clock_timestamp()`).Scan(&dbNow))
+	within(t, time.Hour, until.Sub(dbNow), 5*time.Second)
+	require.Equal(t, until, b.load(t, key).LockedUntil)
+
+	_, err = b.store.Renew(b.ctx, rec.Fence(), -time.Second)
+	require.ErrorIs(t, err, recovery.ErrInvalidInput)
+
+	// Renewing keeps a live attempt's key: a claim now sees it in flight.
+	_, _, err = b.store.Claim(b.ctx, p)
+	require.ErrorIs(t, err, recovery.ErrInFlight)
+}
+
+func TestDeleteUnstarted(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{}`)
+	rec, _ := b.claim(t, p)
+	require.NoError(t, b.store.DeleteUnstarted(b.ctx, rec.Fence()))
+	_, err := b.store.Load(b.ctx, key)
+	require.ErrorIs(t, err, recovery.ErrNotFound)
+
+	// Once a recovery point is committed, the record stays.
+	rec, outcome := b.claim(t, p)
+	require.Equal(t, recovery.OutcomeNew, outcome, "the client may retry at once")
+	require.NoError(t, b.store.Advance(b.ctx, rec.Fence(), "create_order", nil))
+	require.ErrorIs(t, b.store.DeleteUnstarted(b.ctx, rec.Fence()), recovery.ErrStarted)
+	require.Equal(t, "create_order", b.load(t, key).RecoveryPoint)
+
+	unknown := recovery.Fence{Key: key, Owner: uuid.New()}
+	require.ErrorIs(t, b.store.DeleteUnstarted(b.ctx, unknown), recovery.ErrLeaseLost)
+}
+
+// TestStoreUsesConfiguredSchema: with tables in their own schema and a
+// search_path that does not name it, every transition still works, because
+// each statement qualifies its tables.
+func TestStoreUsesConfiguredSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true}))
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = "pg_catalog"
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	m, err := migrations.New(db, migrations.Config{Schema: "idem"})
+	require.NoError(t, err)
+	_, err = m.Up(ctx)
+	require.NoError(t, err)
+
+	store, err := recovery.New(db, recovery.Config{Schema: "idem"})
+	require.NoError(t, err)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{}`)
+	rec, outcome, err := store.Claim(ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, recovery.OutcomeNew, outcome)
+	require.NoError(t, store.Advance(ctx, rec.Fence(), "step", nil))
+	_, err = store.Renew(ctx, rec.Fence(), 0)
+	require.NoError(t, err)
+	require.NoError(t, store.Complete(ctx, rec.Fence(), jsonResponse))
+	_, outcome, err = store.Claim(ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, recovery.OutcomeReplay, outcome)
+
+	var rows int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM idem.onceflow_keys`).Scan(&rows))
+	require.Equal(t, 1, rows)
+
+	_, err = recovery.New(db, recovery.Config{Schema: strings.Repeat("s", 64)})
+	require.Error(t, err)
+}
