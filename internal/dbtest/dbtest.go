@@ -52,6 +52,10 @@ func run(m *testing.M) int {
 		defer cluster.Stop()
 		server.adminURL = cluster.URL()
 	}
+	if err := checkCapacity(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "dbtest:", err)
+		return 1
+	}
 	template, err := createTemplate(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dbtest:", err)
@@ -70,6 +74,30 @@ func run(m *testing.M) int {
 	defer dropDatabase(ctx, example)
 	os.Setenv("DATABASE_URL", databaseURL(server.adminURL, example))
 	return m.Run()
+}
+
+// MinConnections is the max_connections a server must allow: tests race
+// up to 64 connections each, and packages run in parallel.
+const MinConnections = 200
+
+// checkCapacity fails early, with a clear message, on a server too small
+// for the suite, instead of letting concurrency tests fail at random.
+func checkCapacity(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, server.adminURL)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", redact(server.adminURL), err)
+	}
+	defer conn.Close(ctx)
+	var maxConns int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('max_connections')::int`).Scan(&maxConns); err != nil {
+		return fmt.Errorf("read max_connections: %w", err)
+	}
+	if maxConns < MinConnections {
+		return fmt.Errorf("the server at %s allows %d connections; the tests need max_connections >= %d "+
+			"(or unset ONCEFLOW_DATABASE_URL and DATABASE_URL to use a throwaway cluster)",
+			redact(server.adminURL), maxConns, MinConnections)
+	}
+	return nil
 }
 
 // createTemplate makes a database with every migration applied, named
@@ -196,11 +224,12 @@ func uniqueName(prefix string) string {
 }
 
 func redact(connString string) string {
-	if u, err := url.Parse(connString); err == nil && u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		}
-		return u.String()
+	u, err := url.Parse(connString)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "the database server" // keyword/value form may hold a password anywhere
 	}
-	return "the database server"
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
 }
