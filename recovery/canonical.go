@@ -118,17 +118,26 @@ func (c *canonicalizer) literal(word string) error {
 	return nil
 }
 
-func (c *canonicalizer) array(depth int) error {
+// open consumes an array's or object's opening bracket and reports whether
+// the container is empty, in which case it is written whole.
+func (c *canonicalizer) open(depth int, opening, closing byte) (empty bool, err error) {
 	if depth > MaxJSONDepth {
-		return c.fail(fmt.Sprintf("nested deeper than %d", MaxJSONDepth))
+		return false, c.fail(fmt.Sprintf("nested deeper than %d", MaxJSONDepth))
 	}
-	c.pos++ // [
-	c.dst = append(c.dst, '[')
+	c.pos++
+	c.dst = append(c.dst, opening)
 	c.skipSpace()
-	if c.pos < len(c.src) && c.src[c.pos] == ']' {
+	if c.pos < len(c.src) && c.src[c.pos] == closing {
 		c.pos++
-		c.dst = append(c.dst, ']')
-		return nil
+		c.dst = append(c.dst, closing)
+		return true, nil
+	}
+	return false, nil
+}
+
+func (c *canonicalizer) array(depth int) error {
+	if empty, err := c.open(depth, '[', ']'); empty || err != nil {
+		return err
 	}
 	for {
 		c.skipSpace()
@@ -155,20 +164,12 @@ func (c *canonicalizer) array(depth int) error {
 
 // object writes the members as they come, then reorders them in place.
 func (c *canonicalizer) object(depth int) error {
-	if depth > MaxJSONDepth {
-		return c.fail(fmt.Sprintf("nested deeper than %d", MaxJSONDepth))
+	if empty, err := c.open(depth, '{', '}'); empty || err != nil {
+		return err
 	}
-	c.pos++ // {
-	c.dst = append(c.dst, '{')
 	start := len(c.dst)
 	base := len(c.members)
 	defer func() { c.members = c.members[:base] }()
-	c.skipSpace()
-	if c.pos < len(c.src) && c.src[c.pos] == '}' {
-		c.pos++
-		c.dst = append(c.dst, '}')
-		return nil
-	}
 	for {
 		c.skipSpace()
 		if c.pos >= len(c.src) || c.src[c.pos] != '"' {
