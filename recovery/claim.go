@@ -47,7 +47,8 @@ type ClaimParams struct {
 	// Request is stored with a new record so the work can resume without
 	// the client. It must be JSON; nil stores nothing.
 	Request []byte
-	// Lease is how long the claim holds the key. 0 means LeaseDefault.
+	// Lease is how long the claim holds the key. 0 means the Store's lease
+	// (Config.Lease).
 	Lease time.Duration
 }
 
@@ -78,7 +79,7 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Record, Outcome, err
 	if err := checkName("workflow", p.Workflow); err != nil {
 		return nil, 0, err
 	}
-	lease, err := leaseMicros(p.Lease)
+	lease, err := leaseMicros(p.Lease, s.Lease())
 	if err != nil {
 		return nil, 0, err
 	}
@@ -113,6 +114,56 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Record, Outcome, err
 	return nil, 0, &InFlightError{Key: p.Key, RetryAfter: time.Second}
 }
 
+// Takeover takes over k's record when its lease has expired, whatever
+// request it holds: for resuming work from the stored request when the
+// client is gone (a sweeper, Engine.Resume). It returns OutcomeTakeover
+// with a new owner token, OutcomeReplay when the record is finished, an
+// *InFlightError while a valid lease holds it, and ErrNotFound when there is
+// no record. It never creates one.
+func (s *Store) Takeover(ctx context.Context, k Key) (*Record, Outcome, error) {
+	if err := k.Validate(); err != nil {
+		return nil, 0, err
+	}
+	var (
+		outcome int
+		dbNow   time.Time
+	)
+	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.takeover, k.Tenant, k.ID, uuid.New(), s.lease, abandonedError),
+		&outcome, &dbNow)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, 0, fmt.Errorf("take over key: %w (tenant %q, key %q)", ErrNotFound, k.Tenant, k.ID)
+	case err != nil:
+		return nil, 0, fmt.Errorf("take over key: %w", err)
+	case outcome == claimedTakeover:
+		return rec, OutcomeTakeover, nil
+	case rec.Finished():
+		return rec, OutcomeReplay, nil
+	default:
+		return nil, 0, &InFlightError{Key: k, RetryAfter: retryAfter(rec, dbNow)}
+	}
+}
+
+// ExpireLease ends k's lease now, as if its holder had stopped renewing it,
+// so that the next claim takes the record over. It is for tests (crash
+// simulations that must not wait out a lease) and for operators who know a
+// holder is gone. The holder is not told; its next fenced write after a
+// takeover fails with ErrLeaseLost. It returns ErrNotFound when k has no
+// record in flight.
+func (s *Store) ExpireLease(ctx context.Context, k Key) error {
+	if err := k.Validate(); err != nil {
+		return err
+	}
+	tag, err := s.db.Exec(ctx, s.sql.expire, k.Tenant, k.ID)
+	if err != nil {
+		return fmt.Errorf("expire lease: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("expire lease: %w in flight (tenant %q, key %q)", ErrNotFound, k.Tenant, k.ID)
+	}
+	return nil
+}
+
 // retryAfter is how long until rec's lease ends by the database clock, at
 // least a second: a claim that read an expired lease lost the takeover to a
 // concurrent one, which now holds a fresh lease.
@@ -120,10 +171,10 @@ func retryAfter(rec *Record, dbNow time.Time) time.Duration {
 	return max(rec.LockedUntil.Sub(dbNow), time.Second)
 }
 
-// leaseMicros returns a lease in microseconds, LeaseDefault for 0.
-func leaseMicros(lease time.Duration) (int64, error) {
+// leaseMicros returns a lease in microseconds, def for 0.
+func leaseMicros(lease, def time.Duration) (int64, error) {
 	if lease == 0 {
-		lease = LeaseDefault
+		lease = def
 	}
 	if lease < time.Millisecond {
 		return 0, &InputError{Field: "lease", Problem: fmt.Sprintf("is %s, shorter than 1ms", lease)}

@@ -57,13 +57,10 @@ func (b *bundle) load(t *testing.T, key recovery.Key) *recovery.Record {
 }
 
 // expire ends a record's lease now, as if its holder had stopped renewing
-// it a second ago. Tests use it instead of sleeping for a whole lease.
+// it. Tests use it instead of sleeping for a whole lease.
 func (b *bundle) expire(t *testing.T, key recovery.Key) {
 	t.Helper()
-	tag, err := b.db.Exec(b.ctx, `UPDATE onceflow_keys SET locked_until = clock_timestamp() - interval '1 second'
-		WHERE tenant_id = $1 AND key = $2 AND status = 'in_flight'`, key.Tenant, key.ID)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, tag.RowsAffected())
+	require.NoError(t, b.store.ExpireLease(b.ctx, key))
 }
 
 func (b *bundle) count(t *testing.T) int {

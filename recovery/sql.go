@@ -32,7 +32,7 @@ const (
 // Parameters: $1 tenant, $2 key, $3 new id, $4 workflow, $5 fingerprint,
 // $6 request, $7 new owner, $8 lease in microseconds, $9 the error recorded
 // when taking over a lease whose holder stopped without releasing it.
-const claimSQL = `
+var claimSQL = `
 WITH existing AS (
     SELECT ` + recordColumns + ` FROM {keys} WHERE tenant_id = $1 AND key = $2
 ),
@@ -41,13 +41,13 @@ inserted AS (
     SELECT $1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::jsonb, $7::uuid,
            clock_timestamp() + $8::bigint * interval '1 microsecond'
     WHERE NOT EXISTS (SELECT 1 FROM existing)
-    ON CONFLICT (tenant_id, key) DO UPDATE SET ` + takeoverSet + `
+    ON CONFLICT (tenant_id, key) DO UPDATE SET ` + claimTakeoverSet + `
     WHERE k.status = 'in_flight' AND k.locked_until < clock_timestamp()
       AND k.request_hash = EXCLUDED.request_hash
     RETURNING ` + recordColumns + `
 ),
 taken AS (
-    UPDATE {keys} AS k SET ` + takeoverSet + `
+    UPDATE {keys} AS k SET ` + claimTakeoverSet + `
     WHERE k.tenant_id = $1 AND k.key = $2 AND k.status = 'in_flight'
       AND k.locked_until < clock_timestamp() AND k.request_hash = $5
     RETURNING ` + recordColumns + `
@@ -59,14 +59,37 @@ UNION ALL
 SELECT ` + recordColumns + `, 3, clock_timestamp() FROM existing
 WHERE NOT EXISTS (SELECT 1 FROM inserted) AND NOT EXISTS (SELECT 1 FROM taken)`
 
-// takeoverSet mints the new owner and lease. A lease that expired without
-// being released ('-infinity') belonged to an attempt that stopped: count it.
+// takeoverSet mints the new owner ({owner}) and lease ({lease}, in
+// microseconds). A lease that ran out without being released ('-infinity')
+// belonged to an attempt that stopped: count it and say so ({abandoned}).
 const takeoverSet = `
-        owner = $7::uuid,
-        locked_until = clock_timestamp() + $8::bigint * interval '1 microsecond',
+        owner = {owner}::uuid,
+        locked_until = clock_timestamp() + {lease}::bigint * interval '1 microsecond',
         updated_at = clock_timestamp(),
         attempts = k.attempts + (k.locked_until <> '-infinity')::int,
-        last_error = CASE WHEN k.locked_until = '-infinity' THEN k.last_error ELSE $9 END`
+        last_error = CASE WHEN k.locked_until = '-infinity' THEN k.last_error ELSE {abandoned} END`
+
+var claimTakeoverSet = strings.NewReplacer("{owner}", "$7", "{lease}", "$8", "{abandoned}", "$9").Replace(takeoverSet)
+
+// takeoverSQL takes over an expired lease whatever the fingerprint, for work
+// resumed from its stored request. Like claimSQL it returns the record and
+// how it was reached: 2 taken over, 3 left as it was (finished, or held by
+// a valid lease). No row means no record.
+//
+// Parameters: $1 tenant, $2 key, $3 new owner, $4 lease in microseconds, $5
+// the error recorded for an abandoned lease.
+var takeoverSQL = `
+WITH existing AS (
+    SELECT ` + recordColumns + ` FROM {keys} WHERE tenant_id = $1 AND key = $2
+),
+taken AS (
+    UPDATE {keys} AS k SET ` + strings.NewReplacer("{owner}", "$3", "{lease}", "$4", "{abandoned}", "$5").Replace(takeoverSet) + `
+    WHERE k.tenant_id = $1 AND k.key = $2 AND k.status = 'in_flight' AND k.locked_until < clock_timestamp()
+    RETURNING ` + recordColumns + `
+)
+SELECT ` + recordColumns + `, 2, clock_timestamp() FROM taken
+UNION ALL
+SELECT ` + recordColumns + `, 3, clock_timestamp() FROM existing WHERE NOT EXISTS (SELECT 1 FROM taken)`
 
 // fence is the guard on every write after the claim.
 const fence = `tenant_id = $1 AND key = $2 AND owner = $3 AND status = 'in_flight'`
@@ -74,7 +97,8 @@ const fence = `tenant_id = $1 AND key = $2 AND owner = $3 AND status = 'in_fligh
 const (
 	loadSQL = `SELECT ` + recordColumns + ` FROM {keys} WHERE tenant_id = $1 AND key = $2`
 
-	advanceSQL = `UPDATE {keys} SET recovery_point = $4, state = $5::jsonb, updated_at = clock_timestamp()
+	advanceSQL = `UPDATE {keys} SET recovery_point = $4, state = $5::jsonb,
+    locked_until = clock_timestamp() + $6::bigint * interval '1 microsecond', updated_at = clock_timestamp()
 WHERE ` + fence
 
 	// finishSQL completes or fails a record: $4 status, $5 response status,
@@ -95,11 +119,17 @@ WHERE ` + fence + `
 RETURNING locked_until`
 
 	deleteUnstartedSQL = `DELETE FROM {keys} WHERE ` + fence + ` AND recovery_point IS NULL`
+
+	// expireSQL ends a lease now, as if its holder had stopped renewing it.
+	// A released lease stays released.
+	expireSQL = `UPDATE {keys} SET locked_until = least(locked_until, clock_timestamp() - interval '1 millisecond'),
+    updated_at = clock_timestamp()
+WHERE tenant_id = $1 AND key = $2 AND status = 'in_flight'`
 )
 
 // queries holds the statements with the schema filled in.
 type queries struct {
-	claim, load, advance, finish, release, renew, deleteUnstarted string
+	claim, takeover, load, advance, finish, release, renew, deleteUnstarted, expire string
 }
 
 func newQueries(schema string) *queries {
@@ -108,6 +138,8 @@ func newQueries(schema string) *queries {
 	}
 	return &queries{
 		claim:           expand(claimSQL),
+		takeover:        expand(takeoverSQL),
+		expire:          expand(expireSQL),
 		load:            expand(loadSQL),
 		advance:         expand(advanceSQL),
 		finish:          expand(finishSQL),

@@ -43,6 +43,11 @@ type Config struct {
 	// ResponseHeaders lists the response headers Complete and Fail keep.
 	// nil means DefaultResponseHeaders; an empty, non-nil slice keeps none.
 	ResponseHeaders []string
+
+	// Lease is how long a claim holds a key, and how far each Advance
+	// extends it: committed progress is proof that the holder is alive.
+	// 0 means LeaseDefault; at least 1ms.
+	Lease time.Duration
 }
 
 // Store reads and changes key records.
@@ -50,6 +55,7 @@ type Store struct {
 	db      DBTX
 	sql     *queries
 	headers map[string]bool
+	lease   int64 // microseconds
 }
 
 // New returns a Store that runs its statements on db.
@@ -62,11 +68,15 @@ func New(db DBTX, cfg Config) (*Store, error) {
 	if allow == nil {
 		allow = DefaultResponseHeaders
 	}
+	lease, err := leaseMicros(cfg.Lease, LeaseDefault)
+	if err != nil {
+		return nil, err
+	}
 	headers := make(map[string]bool, len(allow))
 	for _, h := range allow {
 		headers[http.CanonicalHeaderKey(h)] = true
 	}
-	return &Store{db: db, sql: newQueries(schema), headers: headers}, nil
+	return &Store{db: db, sql: newQueries(schema), headers: headers, lease: lease}, nil
 }
 
 // WithTx returns a Store whose statements run in tx, so that a transition
@@ -76,6 +86,9 @@ func (s *Store) WithTx(tx pgx.Tx) *Store {
 	c.db = tx
 	return &c
 }
+
+// Lease returns the lease a claim takes by default.
+func (s *Store) Lease() time.Duration { return time.Duration(s.lease) * time.Microsecond }
 
 // keepHeaders returns the allow-listed subset of h.
 func (s *Store) keepHeaders(h http.Header) http.Header {

@@ -31,12 +31,13 @@ func (s *Store) Load(ctx context.Context, k Key) (*Record, error) {
 // Advance commits a recovery point: the name of the step whose result is now
 // committed, and the workflow state (JSON) after it. Run it in the step's
 // own transaction (WithTx) so the step's writes and the recovery point
-// commit together.
+// commit together. It also extends the lease by the Store's lease: progress
+// shows the holder is alive.
 func (s *Store) Advance(ctx context.Context, f Fence, recoveryPoint string, state []byte) error {
 	if err := checkName("recovery point", recoveryPoint); err != nil {
 		return err
 	}
-	tag, err := s.db.Exec(ctx, s.sql.advance, f.Key.Tenant, f.Key.ID, f.Owner, recoveryPoint, state)
+	tag, err := s.db.Exec(ctx, s.sql.advance, f.Key.Tenant, f.Key.ID, f.Owner, recoveryPoint, state, s.lease)
 	return fenced("advance", f, tag, err)
 }
 
@@ -82,9 +83,9 @@ func (s *Store) Release(ctx context.Context, f Fence, cause string) error {
 }
 
 // Renew extends the lease to lease from now by the database clock and
-// returns its new end. 0 means LeaseDefault.
+// returns its new end. 0 means the Store's lease.
 func (s *Store) Renew(ctx context.Context, f Fence, lease time.Duration) (time.Time, error) {
-	micros, err := leaseMicros(lease)
+	micros, err := leaseMicros(lease, s.Lease())
 	if err != nil {
 		return time.Time{}, err
 	}

@@ -2,7 +2,11 @@ package recovery_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -211,4 +215,110 @@ func TestStoreUsesConfiguredSchema(t *testing.T) {
 
 	_, err = recovery.New(db, recovery.Config{Schema: strings.Repeat("s", 64)})
 	require.Error(t, err)
+}
+
+func TestAdvanceExtendsLease(t *testing.T) {
+	b := setup(t)
+	store, err := recovery.New(b.db, recovery.Config{Lease: time.Hour})
+	require.NoError(t, err)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{}`)
+	p.Lease = time.Second
+	rec, _, err := store.Claim(b.ctx, p)
+	require.NoError(t, err)
+	within(t, time.Second, rec.LockedUntil.Sub(rec.CreatedAt), 500*time.Millisecond)
+
+	require.NoError(t, store.Advance(b.ctx, rec.Fence(), "step", nil))
+	got := b.load(t, key)
+	within(t, time.Hour, got.LockedUntil.Sub(got.UpdatedAt), time.Second)
+
+	_, err = recovery.New(b.db, recovery.Config{Lease: time.Microsecond})
+	require.ErrorIs(t, err, recovery.ErrInvalidInput)
+}
+
+func TestTakeoverWithoutRequest(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	_, _, err := b.store.Takeover(b.ctx, key)
+	require.ErrorIs(t, err, recovery.ErrNotFound, "a takeover never creates a record")
+	require.Zero(t, b.count(t))
+
+	first, _ := b.claim(t, params(t, key, `{"amount":100}`))
+	require.NoError(t, b.store.Advance(b.ctx, first.Fence(), "create_order", []byte(`{"order_id":1}`)))
+	_, _, err = b.store.Takeover(b.ctx, key)
+	require.ErrorIs(t, err, recovery.ErrInFlight, "a valid lease is respected")
+
+	b.expire(t, key)
+	rec, outcome, err := b.store.Takeover(b.ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, recovery.OutcomeTakeover, outcome)
+	require.NotEqual(t, first.Owner, rec.Owner)
+	require.Equal(t, "create_order", rec.RecoveryPoint)
+	require.JSONEq(t, `{"amount":100}`, string(rec.Request), "the stored request comes back for resuming")
+	require.Equal(t, 1, rec.Attempts)
+	require.ErrorIs(t, b.store.Advance(b.ctx, first.Fence(), "charge", nil), recovery.ErrLeaseLost)
+
+	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), jsonResponse))
+	replay, outcome, err := b.store.Takeover(b.ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, recovery.OutcomeReplay, outcome)
+	require.Equal(t, jsonResponse.Body, replay.Response.Body)
+}
+
+func TestConcurrentTakeoverAndClaimOneWinner(t *testing.T) {
+	t.Parallel()
+	b := setupWith(t, dbtest.NewPool(t, 16))
+	for round := range 20 {
+		key := recovery.Key{Tenant: "acme", ID: fmt.Sprintf("mixed-%d", round)}
+		p := params(t, key, `{}`)
+		b.claim(t, p)
+		b.expire(t, key)
+		var (
+			wg       sync.WaitGroup
+			start    = make(chan struct{})
+			wins     atomic.Int32
+			inFlight atomic.Int32
+		)
+		for i := range 16 {
+			wg.Go(func() {
+				<-start
+				var err error
+				if i%2 == 0 {
+					_, _, err = b.store.Takeover(b.ctx, key)
+				} else {
+					_, _, err = b.store.Claim(b.ctx, p)
+				}
+				switch {
+				case err == nil:
+					wins.Add(1)
+				case errors.Is(err, recovery.ErrInFlight):
+					inFlight.Add(1)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		require.EqualValues(t, 1, wins.Load(), "round %d", round)
+		require.EqualValues(t, 15, inFlight.Load(), "round %d: every loser sees the key in flight", round)
+	}
+}
+
+func TestExpireLease(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	require.ErrorIs(t, b.store.ExpireLease(b.ctx, key), recovery.ErrNotFound)
+	rec, _ := b.claim(t, params(t, key, `{}`))
+	require.NoError(t, b.store.ExpireLease(b.ctx, key))
+	got := b.load(t, key)
+	require.Equal(t, rec.Owner, got.Owner, "expiring does not change the owner; a takeover does")
+	require.False(t, got.Released)
+
+	require.NoError(t, b.store.Release(b.ctx, rec.Fence(), "x"))
+	require.NoError(t, b.store.ExpireLease(b.ctx, key))
+	require.True(t, b.load(t, key).Released, "a released lease stays released")
+
+	taken, _, err := b.store.Takeover(b.ctx, key)
+	require.NoError(t, err)
+	require.NoError(t, b.store.Complete(b.ctx, taken.Fence(), jsonResponse))
+	require.ErrorIs(t, b.store.ExpireLease(b.ctx, key), recovery.ErrNotFound, "a finished record has no lease")
 }
