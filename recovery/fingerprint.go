@@ -2,8 +2,11 @@ package recovery
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+
+	"github.com/onceflow/onceflow/internal/canonjson"
 )
 
 // Fingerprint identifies a request: SHA-256 over its operation name and its
@@ -13,11 +16,31 @@ type Fingerprint [sha256.Size]byte
 // String returns the fingerprint in hex.
 func (f Fingerprint) String() string { return hex.EncodeToString(f[:]) }
 
+// MaxJSONDepth is how deeply arrays and objects may nest in a request that is
+// fingerprinted.
+const MaxJSONDepth = canonjson.MaxDepth
+
+// ErrInvalidJSON reports a request that is not one well-formed JSON value;
+// *JSONError says where.
+var ErrInvalidJSON = canonjson.ErrInvalid
+
+// JSONError is the ErrInvalidJSON that Canonicalize and FingerprintJSON
+// return, with the byte offset of the problem.
+type JSONError = canonjson.Error
+
 // Domain tags keep a JSON fingerprint from ever equalling a bytes one.
 const (
-	jsonDomain  = "onceflow.fingerprint.json.v1\x00"
-	bytesDomain = "onceflow.fingerprint.bytes.v1\x00"
+	jsonDomain  = "onceflow.fingerprint.json.v1"
+	bytesDomain = "onceflow.fingerprint.bytes.v1"
 )
+
+// Canonicalize appends the canonical form of the JSON document src to dst.
+// Two documents that mean the same value have the same canonical form: no
+// insignificant whitespace, object keys sorted, numbers as the shortest
+// exact decimal (1, 1.0 and 1e0 are all "1"; nothing is rounded), strings
+// in one escaping. Duplicate object keys, invalid UTF-8 and nesting deeper
+// than MaxJSONDepth are errors. Canonicalize is idempotent.
+func Canonicalize(dst, src []byte) ([]byte, error) { return canonjson.Append(dst, src) }
 
 // FingerprintJSON fingerprints a JSON request under an operation name (a
 // workflow's name, or an HTTP method and route). The body is canonicalized
@@ -25,7 +48,7 @@ const (
 // string escaping do not change the result. It returns the canonical form
 // too, for storing.
 func FingerprintJSON(operation string, body []byte) (Fingerprint, []byte, error) {
-	canonical, err := Canonicalize(make([]byte, 0, len(body)), body)
+	canonical, err := canonjson.Append(make([]byte, 0, len(body)), body)
 	if err != nil {
 		return Fingerprint{}, nil, fmt.Errorf("fingerprint %s: %w", operation, err)
 	}
@@ -38,12 +61,14 @@ func FingerprintBytes(operation string, body []byte) Fingerprint {
 	return digest(bytesDomain, operation, body)
 }
 
+// digest hashes the domain, the operation and the body, each length-prefixed
+// so that no choice of operation and body can pose as another.
 func digest(domain, operation string, body []byte) Fingerprint {
 	h := sha256.New()
-	h.Write([]byte(domain))
-	h.Write([]byte(operation))
-	h.Write([]byte{0}) // operation names are printable, so this separates them
-	h.Write(body)
+	for _, part := range [][]byte{[]byte(domain), []byte(operation), body} {
+		h.Write(binary.AppendUvarint(nil, uint64(len(part))))
+		h.Write(part)
+	}
 	var f Fingerprint
 	h.Sum(f[:0])
 	return f

@@ -1,4 +1,4 @@
-package recovery
+package canonjson
 
 import (
 	"strconv"
@@ -14,49 +14,48 @@ const (
 
 // number parses a JSON number and writes it as the shortest exact decimal.
 // The value is never converted to a float, so nothing is rounded.
-func (c *canonicalizer) number() error {
-	start := c.pos
-	neg := c.src[c.pos] == '-'
+func (p *parser) number() error {
+	start := p.pos
+	neg := p.src[p.pos] == '-'
 	if neg {
-		c.pos++
+		p.pos++
 	}
-	intStart := c.pos
+	intStart := p.pos
 	switch {
-	case c.pos < len(c.src) && c.src[c.pos] == '0':
-		c.pos++
-	case c.pos < len(c.src) && c.src[c.pos] >= '1' && c.src[c.pos] <= '9':
-		c.skipDigits()
+	case p.pos < len(p.src) && p.src[p.pos] == '0':
+		p.pos++
+	case p.pos < len(p.src) && p.src[p.pos] >= '1' && p.src[p.pos] <= '9':
+		p.skipDigits()
 	default:
-		return c.fail("invalid number")
+		return p.fail(p.pos, "invalid number")
 	}
-	intDigits := c.src[intStart:c.pos]
+	intDigits := p.src[intStart:p.pos]
 
 	var fracDigits []byte
-	if c.pos < len(c.src) && c.src[c.pos] == '.' {
-		c.pos++
-		fracStart := c.pos
-		if c.skipDigits() == 0 {
-			return c.fail("invalid number: no digits after the decimal point")
+	if p.pos < len(p.src) && p.src[p.pos] == '.' {
+		p.pos++
+		fracStart := p.pos
+		if p.skipDigits() == 0 {
+			return p.fail(p.pos, "invalid number: no digits after the decimal point")
 		}
-		fracDigits = c.src[fracStart:c.pos]
+		fracDigits = p.src[fracStart:p.pos]
 	}
 
 	exp := 0
-	if c.pos < len(c.src) && (c.src[c.pos] == 'e' || c.src[c.pos] == 'E') {
-		c.pos++
+	if p.pos < len(p.src) && (p.src[p.pos] == 'e' || p.src[p.pos] == 'E') {
+		p.pos++
 		expNeg := false
-		if c.pos < len(c.src) && (c.src[c.pos] == '+' || c.src[c.pos] == '-') {
-			expNeg = c.src[c.pos] == '-'
-			c.pos++
+		if p.pos < len(p.src) && (p.src[p.pos] == '+' || p.src[p.pos] == '-') {
+			expNeg = p.src[p.pos] == '-'
+			p.pos++
 		}
-		expStart := c.pos
-		if c.skipDigits() == 0 {
-			return c.fail("invalid number: no digits in the exponent")
+		expStart := p.pos
+		if p.skipDigits() == 0 {
+			return p.fail(p.pos, "invalid number: no digits in the exponent")
 		}
-		digits := trimLeadingZeros(c.src[expStart:c.pos])
+		digits := trimLeadingZeros(p.src[expStart:p.pos])
 		if len(digits) > maxExponentDigits {
-			c.pos = start
-			return c.fail("number exponent out of range")
+			return p.fail(start, "number exponent out of range")
 		}
 		if len(digits) > 0 {
 			exp, _ = strconv.Atoi(string(digits))
@@ -65,19 +64,18 @@ func (c *canonicalizer) number() error {
 			exp = -exp
 		}
 	}
-	out, ok := appendDecimal(c.dst, neg, intDigits, fracDigits, exp)
+	out, ok := appendDecimal(p.buf, neg, intDigits, fracDigits, exp)
 	if !ok {
-		c.pos = start
-		return c.fail("number exponent out of range")
+		return p.fail(start, "number exponent out of range")
 	}
-	c.dst = out
+	p.buf = out
 	return nil
 }
 
-func (c *canonicalizer) skipDigits() int {
+func (p *parser) skipDigits() int {
 	n := 0
-	for c.pos < len(c.src) && c.src[c.pos] >= '0' && c.src[c.pos] <= '9' {
-		c.pos++
+	for p.pos < len(p.src) && p.src[p.pos] >= '0' && p.src[p.pos] <= '9' {
+		p.pos++
 		n++
 	}
 	return n

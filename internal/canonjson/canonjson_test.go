@@ -1,19 +1,20 @@
-package recovery_test
+package canonjson_test
 
 import (
 	"encoding/json"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceflow/onceflow/recovery"
+	"github.com/onceflow/onceflow/internal/canonjson"
 )
 
 func canonical(t *testing.T, in string) string {
 	t.Helper()
-	out, err := recovery.Canonicalize(nil, []byte(in))
+	out, err := canonjson.Append(nil, []byte(in))
 	require.NoError(t, err, "input %q", in)
 	return string(out)
 }
@@ -57,7 +58,7 @@ func TestCanonicalizeForms(t *testing.T) {
 
 func TestCanonicalizeAppends(t *testing.T) {
 	t.Parallel()
-	out, err := recovery.Canonicalize([]byte("prefix:"), []byte(`{"b":2,"a":1}`))
+	out, err := canonjson.Append([]byte("prefix:"), []byte(`{"b":2,"a":1}`))
 	require.NoError(t, err)
 	require.Equal(t, `prefix:{"a":1,"b":2}`, string(out))
 }
@@ -88,45 +89,19 @@ func TestCanonicalizeRejects(t *testing.T) {
 		"nan":                    `NaN`,
 		"exponent too large":     `1e1000000000000000000`,
 		"canonical out of range": `10e999999999`,
-		"too deep":               strings.Repeat("[", recovery.MaxJSONDepth+1) + strings.Repeat("]", recovery.MaxJSONDepth+1),
+		"too deep":               strings.Repeat("[", canonjson.MaxDepth+1) + strings.Repeat("]", canonjson.MaxDepth+1),
 	}
 	for name, in := range cases {
-		_, err := recovery.Canonicalize(nil, []byte(in))
-		require.ErrorIs(t, err, recovery.ErrInvalidJSON, name)
-		var jsonErr *recovery.JSONError
+		_, err := canonjson.Append(nil, []byte(in))
+		require.ErrorIs(t, err, canonjson.ErrInvalid, name)
+		var jsonErr *canonjson.Error
 		require.True(t, errors.As(err, &jsonErr), name)
 	}
 	// The deepest nesting allowed is fine.
-	deep := strings.Repeat("[", recovery.MaxJSONDepth) + strings.Repeat("]", recovery.MaxJSONDepth)
+	deep := strings.Repeat("[", canonjson.MaxDepth) + strings.Repeat("]", canonjson.MaxDepth)
 	require.Equal(t, deep, canonical(t, deep))
 	// Near the exponent bound, the canonical form itself stays acceptable.
 	require.Equal(t, "1e+999999998", canonical(t, "10e999999997"))
-}
-
-func TestFingerprint(t *testing.T) {
-	t.Parallel()
-	a, canonA, err := recovery.FingerprintJSON("checkout", []byte(`{"amount": 100, "items": [{"sku":"x","qty":1}]}`))
-	require.NoError(t, err)
-	b, _, err := recovery.FingerprintJSON("checkout", []byte("{\n  \"items\": [{\"qty\": 1.0, \"sku\": \"\\u0078\"}],\n  \"amount\": 1e2\n}"))
-	require.NoError(t, err)
-	require.Equal(t, a, b, "an honest retry from another JSON encoder has the same fingerprint")
-	require.JSONEq(t, `{"amount":100,"items":[{"qty":1,"sku":"x"}]}`, string(canonA))
-
-	other, _, err := recovery.FingerprintJSON("refund", []byte(`{"amount":100,"items":[{"sku":"x","qty":1}]}`))
-	require.NoError(t, err)
-	require.NotEqual(t, a, other, "the operation is part of the fingerprint")
-
-	changed, _, err := recovery.FingerprintJSON("checkout", []byte(`{"amount":101,"items":[{"sku":"x","qty":1}]}`))
-	require.NoError(t, err)
-	require.NotEqual(t, a, changed)
-
-	require.NotEqual(t, a, recovery.FingerprintBytes("checkout", canonA), "JSON and raw fingerprints never collide")
-	require.Equal(t, recovery.FingerprintBytes("op", []byte("x")), recovery.FingerprintBytes("op", []byte("x")))
-	require.NotEqual(t, recovery.FingerprintBytes("op", []byte("x")), recovery.FingerprintBytes("op", []byte("y")))
-	require.Len(t, a.String(), 64)
-
-	_, _, err = recovery.FingerprintJSON("checkout", []byte(`{"a":`))
-	require.ErrorIs(t, err, recovery.ErrInvalidJSON)
 }
 
 // TestCanonicalizeMatchesEncodingJSON checks that what Canonicalize accepts
@@ -139,4 +114,31 @@ func TestCanonicalizeMatchesEncodingJSON(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(in), &fromIn))
 	require.NoError(t, json.Unmarshal([]byte(out), &fromOut))
 	require.Equal(t, fromIn, fromOut)
+}
+
+func TestDuplicateKeyErrorPointsAtTheKey(t *testing.T) {
+	t.Parallel()
+	_, err := canonjson.Append(nil, []byte(`{"a":1,"a":2}`))
+	var jsonErr *canonjson.Error
+	require.True(t, errors.As(err, &jsonErr))
+	require.Equal(t, 7, jsonErr.Offset)
+	require.Contains(t, jsonErr.Problem, `duplicate object key "a"`)
+}
+
+// TestDeepNestingStaysLinear: a large value under the deepest nesting must
+// not be copied once per level. Measured in bytes allocated, not time.
+func TestDeepNestingStaysLinear(t *testing.T) {
+	big := strings.Repeat("x", 1<<20)
+	depth := canonjson.MaxDepth - 1
+	doc := []byte(strings.Repeat(`{"k":`, depth) + `"` + big + `"` + strings.Repeat("}", depth))
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	out, err := canonjson.Append(nil, doc)
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	require.Equal(t, doc, out, "already canonical")
+	allocated := after.TotalAlloc - before.TotalAlloc
+	require.Less(t, allocated, uint64(8*len(doc)), "allocated %d bytes for a %d-byte document", allocated, len(doc))
 }
