@@ -24,6 +24,7 @@ const (
 	OutcomeReplay
 )
 
+// String returns "new", "takeover" or "replay".
 func (o Outcome) String() string {
 	switch o {
 	case OutcomeNew:
@@ -69,9 +70,14 @@ const claimRetries = 3
 //     over with a new owner token and returns OutcomeTakeover;
 //   - completed or failed with the same fingerprint: returns OutcomeReplay;
 //   - in flight with a valid lease: returns an *InFlightError (ErrInFlight);
-//   - any existing record with a different fingerprint: ErrMismatch.
+//   - any existing record with a different fingerprint or workflow:
+//     ErrMismatch.
 //
 // Invalid input returns an *InputError and writes nothing.
+//
+// Run Claim on a pool or in a READ COMMITTED transaction: it re-runs its
+// statement after losing a race to a concurrent first claim, which needs a
+// fresh snapshot per statement.
 func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Record, Outcome, error) {
 	if err := p.Key.Validate(); err != nil {
 		return nil, 0, err
@@ -103,7 +109,7 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Record, Outcome, err
 			return rec, OutcomeNew, nil
 		case outcome == claimedTakeover:
 			return rec, OutcomeTakeover, nil
-		case rec.Fingerprint != p.Fingerprint:
+		case rec.Fingerprint != p.Fingerprint || rec.Workflow != p.Workflow:
 			return nil, 0, fmt.Errorf("%w (tenant %q, key %q)", ErrMismatch, p.Key.Tenant, p.Key.ID)
 		case rec.Finished():
 			return rec, OutcomeReplay, nil

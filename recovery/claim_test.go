@@ -267,9 +267,15 @@ func TestTenantsAreIsolated(t *testing.T) {
 	_, _, err := b.store.Claim(b.ctx, params(t, globex, `{"amount":100}`))
 	require.ErrorIs(t, err, recovery.ErrMismatch)
 
-	// A fence from one tenant cannot write the other tenant's record.
-	crossed := recovery.Fence{Key: recovery.Key{Tenant: "globex", ID: "other"}, Owner: acmeRec.Owner}
+	// One tenant's owner token cannot write the other tenant's record under
+	// the same key.
+	acmeReclaimed, _ := b.claim(t, params(t, recovery.Key{Tenant: "acme", ID: "second"}, `{}`))
+	globexSecond, _ := b.claim(t, params(t, recovery.Key{Tenant: "globex", ID: "second"}, `{}`))
+	before := b.load(t, globexSecond.Key)
+	crossed := recovery.Fence{Key: globexSecond.Key, Owner: acmeReclaimed.Owner}
 	require.ErrorIs(t, b.store.Advance(b.ctx, crossed, "x", nil), recovery.ErrLeaseLost)
+	require.ErrorIs(t, b.store.Complete(b.ctx, crossed, jsonResponse), recovery.ErrLeaseLost)
+	require.Equal(t, before, b.load(t, globexSecond.Key))
 	_, err = b.store.Load(b.ctx, recovery.Key{Tenant: "initech", ID: "shared-key"})
 	require.ErrorIs(t, err, recovery.ErrNotFound)
 }
@@ -286,6 +292,7 @@ func TestReplayIsByteForByte(t *testing.T) {
 		"Content-Type": {"application/json; charset=utf-8"},
 		"Link":         {"</a>; rel=a", "</b>; rel=b"},
 		"Set-Cookie":   {"session=secret"},
+		"content-type": {"text/plain"}, // another spelling of an allowed header: kept too
 		"X-Request-Id": {"abc"},
 	}
 	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), recovery.Response{Status: 201, Header: header, Body: body}))
@@ -293,9 +300,10 @@ func TestReplayIsByteForByte(t *testing.T) {
 	replay, _ := b.claim(t, p)
 	require.Equal(t, body, replay.Response.Body)
 	require.Equal(t, map[string][]string{
-		"Content-Type": {"application/json; charset=utf-8"},
+		"Content-Type": replay.Response.Header["Content-Type"],
 		"Link":         {"</a>; rel=a", "</b>; rel=b"},
 	}, map[string][]string(replay.Response.Header), "only allow-listed headers are kept, values in order")
+	require.ElementsMatch(t, []string{"application/json; charset=utf-8", "text/plain"}, replay.Response.Header["Content-Type"])
 
 	// Bodies that are not JSON, or not text, are kept exactly too.
 	binKey := recovery.Key{Tenant: "acme", ID: "binary"}
@@ -361,4 +369,36 @@ func TestInputRules(t *testing.T) {
 	require.ErrorIs(t, err, recovery.ErrInvalidInput)
 
 	require.Zero(t, b.count(t), "nothing is written for rejected input")
+}
+
+func TestClaimUnderAnotherWorkflowIsMismatch(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	refund := recovery.ClaimParams{Key: key, Workflow: "refund", Fingerprint: recovery.FingerprintBytes("x", nil)}
+	checkout := refund
+	checkout.Workflow = "checkout"
+	b.claim(t, refund)
+
+	_, _, err := b.store.Claim(b.ctx, checkout)
+	require.ErrorIs(t, err, recovery.ErrMismatch, "in flight")
+	b.expire(t, key)
+	_, _, err = b.store.Claim(b.ctx, checkout)
+	require.ErrorIs(t, err, recovery.ErrMismatch, "an expired lease is not taken over for another workflow")
+	require.Equal(t, "refund", b.load(t, key).Workflow)
+}
+
+// TestAnyValidJSONRequestIsStored: requests that jsonb would refuse (a NUL
+// escape, numbers beyond numeric's range, lone surrogates) are valid JSON
+// and are stored as written.
+func TestAnyValidJSONRequestIsStored(t *testing.T) {
+	b := setup(t)
+	for i, body := range []string{`{"note":"a\u0000b"}`, `{"n":1e999999}`, `{"n":1e-20000}`, `"\ud800"`} {
+		key := recovery.Key{Tenant: "acme", ID: fmt.Sprintf("k%d", i)}
+		p := params(t, key, body)
+		rec, outcome := b.claim(t, p)
+		require.Equal(t, recovery.OutcomeNew, outcome, body)
+		require.Equal(t, string(p.Request), string(rec.Request), body)
+		require.NoError(t, b.store.Advance(b.ctx, rec.Fence(), "step", p.Request), body)
+		require.Equal(t, string(p.Request), string(b.load(t, key).State), body)
+	}
 }

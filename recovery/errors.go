@@ -39,6 +39,7 @@ type InFlightError struct {
 	RetryAfter time.Duration
 }
 
+// Error says which key is in flight and when its lease ends.
 func (e *InFlightError) Error() string {
 	return fmt.Sprintf("%v (tenant %q, key %q; lease ends in %s)", ErrInFlight, e.Key.Tenant, e.Key.ID, e.RetryAfter.Round(time.Millisecond))
 }
@@ -53,6 +54,7 @@ type InputError struct {
 	Problem string // e.g. "is longer than 255 bytes (300)"
 }
 
+// Error names the field and the problem.
 func (e *InputError) Error() string {
 	return fmt.Sprintf("%v: %s %s", ErrInvalidInput, e.Field, e.Problem)
 }

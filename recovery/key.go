@@ -26,6 +26,11 @@ func (k Key) Validate() error {
 	return checkName("key", k.ID)
 }
 
+// CheckName applies the input rules of keys to another name (a workflow,
+// a step): required, at most MaxKeyLength bytes, valid UTF-8, printable. It
+// returns an *InputError that names field.
+func CheckName(field, value string) error { return checkName(field, value) }
+
 // checkName applies the input rules to one named value.
 func checkName(field, value string) error {
 	if value == "" {

@@ -20,7 +20,8 @@ const (
 //   - inserted creates the record when the snapshot has none. If a
 //     concurrent claim inserted it meanwhile, ON CONFLICT waits for that
 //     transaction and takes over only if the committed row allows it.
-//   - taken takes over an expired lease with the same fingerprint. The WHERE
+//   - taken takes over an expired lease with the same fingerprint and
+//     workflow. The WHERE
 //     clause is re-checked against the latest row version, so of two
 //     concurrent takeovers only one matches.
 //
@@ -38,18 +39,18 @@ WITH existing AS (
 ),
 inserted AS (
     INSERT INTO {keys} AS k (tenant_id, key, id, workflow, request_hash, request, owner, locked_until)
-    SELECT $1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::jsonb, $7::uuid,
+    SELECT $1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid,
            clock_timestamp() + $8::bigint * interval '1 microsecond'
     WHERE NOT EXISTS (SELECT 1 FROM existing)
     ON CONFLICT (tenant_id, key) DO UPDATE SET ` + claimTakeoverSet + `
     WHERE k.status = 'in_flight' AND k.locked_until < clock_timestamp()
-      AND k.request_hash = EXCLUDED.request_hash
+      AND k.request_hash = EXCLUDED.request_hash AND k.workflow = EXCLUDED.workflow
     RETURNING ` + recordColumns + `
 ),
 taken AS (
     UPDATE {keys} AS k SET ` + claimTakeoverSet + `
     WHERE k.tenant_id = $1 AND k.key = $2 AND k.status = 'in_flight'
-      AND k.locked_until < clock_timestamp() AND k.request_hash = $5
+      AND k.locked_until < clock_timestamp() AND k.request_hash = $5 AND k.workflow = $4
     RETURNING ` + recordColumns + `
 )
 SELECT ` + recordColumns + `, CASE WHEN id = $3 THEN 1 ELSE 2 END, clock_timestamp() FROM inserted
@@ -97,15 +98,17 @@ const fence = `tenant_id = $1 AND key = $2 AND owner = $3 AND status = 'in_fligh
 const (
 	loadSQL = `SELECT ` + recordColumns + ` FROM {keys} WHERE tenant_id = $1 AND key = $2`
 
-	advanceSQL = `UPDATE {keys} SET recovery_point = $4, state = $5::jsonb,
+	advanceSQL = `UPDATE {keys} SET recovery_point = $4, state = $5::json,
     locked_until = clock_timestamp() + $6::bigint * interval '1 microsecond', updated_at = clock_timestamp()
 WHERE ` + fence
 
 	// finishSQL completes or fails a record: $4 status, $5 response status,
-	// $6 body, $7 header, $8 last error (NULL keeps the old one).
+	// $6 body, $7 header, $8 last error, $9 recovery point, $10 state (NULL
+	// keeps the old value of each of the last three).
 	finishSQL = `UPDATE {keys} SET status = $4, locked_until = NULL,
     response_status = $5, response_body = $6, response_header = $7::jsonb,
     last_error = coalesce($8, last_error),
+    recovery_point = coalesce($9, recovery_point), state = coalesce($10::json, state),
     completed_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE ` + fence
 

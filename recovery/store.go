@@ -94,8 +94,8 @@ func (s *Store) Lease() time.Duration { return time.Duration(s.lease) * time.Mic
 func (s *Store) keepHeaders(h http.Header) http.Header {
 	kept := http.Header{}
 	for name, values := range h {
-		if s.headers[http.CanonicalHeaderKey(name)] {
-			kept[http.CanonicalHeaderKey(name)] = append([]string(nil), values...)
+		if canonical := http.CanonicalHeaderKey(name); s.headers[canonical] {
+			kept[canonical] = append(kept[canonical], values...)
 		}
 	}
 	return kept

@@ -44,7 +44,17 @@ func (s *Store) Advance(ctx context.Context, f Fence, recoveryPoint string, stat
 // Complete marks the record completed and stores resp for replay: the
 // status, the allow-listed headers, and the body byte for byte.
 func (s *Store) Complete(ctx context.Context, f Fence, resp Response) error {
-	return s.finish(ctx, "complete", f, StatusCompleted, resp, nil)
+	return s.finish(ctx, "complete", f, StatusCompleted, resp, nil, nil, nil)
+}
+
+// CompleteAfter completes the record like Complete and, in the same
+// statement, records the step that produced the response and the final
+// state (JSON), as Advance would.
+func (s *Store) CompleteAfter(ctx context.Context, f Fence, recoveryPoint string, state []byte, resp Response) error {
+	if err := checkName("recovery point", recoveryPoint); err != nil {
+		return err
+	}
+	return s.finish(ctx, "complete", f, StatusCompleted, resp, nil, &recoveryPoint, state)
 }
 
 // Fail marks the record failed terminally, stores resp (typically a 500) for
@@ -52,10 +62,11 @@ func (s *Store) Complete(ctx context.Context, f Fence, resp Response) error {
 // again.
 func (s *Store) Fail(ctx context.Context, f Fence, resp Response, cause string) error {
 	c := cleanError(cause)
-	return s.finish(ctx, "fail", f, StatusFailed, resp, &c)
+	return s.finish(ctx, "fail", f, StatusFailed, resp, &c, nil, nil)
 }
 
-func (s *Store) finish(ctx context.Context, op string, f Fence, status Status, resp Response, cause *string) error {
+func (s *Store) finish(ctx context.Context, op string, f Fence, status Status, resp Response,
+	cause, recoveryPoint *string, state []byte) error {
 	if resp.Status < 100 || resp.Status > 999 {
 		return &InputError{Field: "response status", Problem: fmt.Sprintf("is %d, not a three-digit HTTP status", resp.Status)}
 	}
@@ -68,7 +79,7 @@ func (s *Store) finish(ctx context.Context, op string, f Fence, status Status, r
 		body = []byte{}
 	}
 	tag, err := s.db.Exec(ctx, s.sql.finish, f.Key.Tenant, f.Key.ID, f.Owner,
-		string(status), resp.Status, body, header, cause)
+		string(status), resp.Status, body, header, cause, recoveryPoint, state)
 	return fenced(op, f, tag, err)
 }
 
@@ -114,7 +125,12 @@ func (s *Store) DeleteUnstarted(ctx context.Context, f Fence) error {
 		return nil
 	}
 	rec, err := s.Load(ctx, f.Key)
-	if err == nil && rec.Owner == f.Owner && !rec.Finished() && rec.RecoveryPoint != "" {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return lostLease("delete unstarted", f)
+	case err != nil:
+		return fmt.Errorf("delete unstarted key: %w", err)
+	case rec.Owner == f.Owner && !rec.Finished() && rec.RecoveryPoint != "":
 		return fmt.Errorf("delete unstarted key: %w (recovery point %q)", ErrStarted, rec.RecoveryPoint)
 	}
 	return lostLease("delete unstarted", f)

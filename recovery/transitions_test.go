@@ -322,3 +322,25 @@ func TestExpireLease(t *testing.T) {
 	require.NoError(t, b.store.Complete(b.ctx, taken.Fence(), jsonResponse))
 	require.ErrorIs(t, b.store.ExpireLease(b.ctx, key), recovery.ErrNotFound, "a finished record has no lease")
 }
+
+func TestCompleteAfterRecordsFinalStep(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	rec, _ := b.claim(t, params(t, key, `{}`))
+	require.NoError(t, b.store.Advance(b.ctx, rec.Fence(), "create_order", []byte(`{"order_id":1}`)))
+	require.NoError(t, b.store.CompleteAfter(b.ctx, rec.Fence(), "mark_paid", []byte(`{"order_id":1,"paid":true}`), jsonResponse))
+	got := b.load(t, key)
+	require.Equal(t, recovery.StatusCompleted, got.Status)
+	require.Equal(t, "mark_paid", got.RecoveryPoint)
+	require.JSONEq(t, `{"order_id":1,"paid":true}`, string(got.State))
+	require.Equal(t, jsonResponse.Body, got.Response.Body)
+
+	// Plain Complete keeps what was recorded before.
+	other := recovery.Key{Tenant: "acme", ID: "k2"}
+	rec, _ = b.claim(t, params(t, other, `{}`))
+	require.NoError(t, b.store.Advance(b.ctx, rec.Fence(), "create_order", []byte(`{"order_id":2}`)))
+	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), jsonResponse))
+	got = b.load(t, other)
+	require.Equal(t, "create_order", got.RecoveryPoint)
+	require.JSONEq(t, `{"order_id":2}`, string(got.State))
+}

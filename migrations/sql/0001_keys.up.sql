@@ -6,12 +6,14 @@ CREATE TABLE {schema}.onceflow_keys (
     id              uuid        NOT NULL,
     workflow        text        NOT NULL CHECK (octet_length(workflow) BETWEEN 1 AND 255),
     request_hash    bytea       NOT NULL CHECK (octet_length(request_hash) = 32),
-    request         jsonb,
+    -- request and state are json, not jsonb: stored as written, they hold
+    -- any valid JSON, including \u0000 escapes and numbers beyond numeric.
+    request         json,
     owner           uuid        NOT NULL,
     status          text        NOT NULL DEFAULT 'in_flight'
                                 CHECK (status IN ('in_flight', 'completed', 'failed')),
     recovery_point  text,
-    state           jsonb,
+    state           json,
     locked_until    timestamptz,
     attempts        integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
     last_error      text,
