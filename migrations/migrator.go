@@ -149,8 +149,14 @@ func (m *Migrator) run(ctx context.Context, tx pgx.Tx, mig Migration, direction,
 	if _, err := tx.Exec(ctx, dbschema.Expand(body, m.schema)); err != nil {
 		return fmt.Errorf("migration %04d_%s %s: %w", mig.Version, mig.Name, direction, err)
 	}
-	if _, err := tx.Exec(ctx, versionSQL, mig.Version, mig.Name); err != nil {
+	tag, err := tx.Exec(ctx, versionSQL, mig.Version, mig.Name)
+	if err != nil {
 		return fmt.Errorf("record migration %04d_%s %s: %w", mig.Version, mig.Name, direction, err)
+	}
+	if tag.RowsAffected() != 1 {
+		// A version row under another name: the files were renamed since.
+		return fmt.Errorf("record migration %04d_%s %s: the version table names version %d differently",
+			mig.Version, mig.Name, direction, mig.Version)
 	}
 	m.logger.InfoContext(ctx, "migration "+direction,
 		slog.Int("version", mig.Version), slog.String("name", mig.Name), slog.String("schema", m.schema))

@@ -6,8 +6,9 @@
 // pgcluster. It migrates a template database once; NewDatabase copies it for
 // each test, so tests and packages run in parallel without seeing each
 // other's rows. Runnable examples find a migrated database of their own in
-// DATABASE_URL, as a user's program would. Tests never skip for want of a database: without a server,
-// Main fails the run with a message saying how to get one.
+// DATABASE_URL, as a user's program would. Tests never skip for want of a
+// database: without a server, Main fails the run with a message saying how
+// to get one.
 package dbtest
 
 import (
@@ -107,19 +108,27 @@ func createTemplate(ctx context.Context) (string, error) {
 	if err := createDatabase(ctx, name, ""); err != nil {
 		return "", err
 	}
-	conn, err := pgx.Connect(ctx, databaseURL(server.adminURL, name))
+	if err := migrate(ctx, databaseURL(server.adminURL, name)); err != nil {
+		dropDatabase(ctx, name)
+		return "", err
+	}
+	return name, nil
+}
+
+func migrate(ctx context.Context, url string) error {
+	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
-		return "", fmt.Errorf("connect to template: %w", err)
+		return fmt.Errorf("connect to template: %w", err)
 	}
 	defer conn.Close(ctx)
 	m, err := migrations.New(conn, migrations.Config{})
 	if err != nil {
-		return "", err
+		return err
 	}
 	if _, err := m.Up(ctx); err != nil {
-		return "", fmt.Errorf("migrate template: %w", err)
+		return fmt.Errorf("migrate template: %w", err)
 	}
-	return name, nil
+	return nil
 }
 
 // Options shapes a test database.

@@ -4,15 +4,19 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -67,12 +71,21 @@ type Cluster struct {
 	stopErr  error
 }
 
+// Dir is the cluster's private directory: its data directory, Unix socket
+// and server log.
+func (c *Cluster) Dir() string { return c.dir }
+
 // URL is a connection string for the cluster's "postgres" superuser and
 // database.
 func (c *Cluster) URL() string { return c.url }
 
 // Start initialises a cluster in a new temporary directory and starts its
 // server on a free loopback port. Call Stop to shut it down and remove it.
+//
+// The superuser has a random password for TCP connections; the Unix socket
+// in the cluster's private directory needs none. If this process dies
+// without calling Stop, the server gets SIGQUIT (immediate shutdown) and a
+// later Start removes the directory.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	bin, err := FindBinaries()
 	if err != nil {
@@ -86,17 +99,19 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "onceflow-pg-")
+	removeStale(logger)
+	dir, err := newClusterDir()
 	if err != nil {
-		return nil, fmt.Errorf("create cluster directory: %w", err)
+		return nil, err
 	}
-	if err := initCluster(ctx, bin, dir, cred); err != nil {
+	password := randomHex(24)
+	if err := initCluster(ctx, bin, dir, password, cred); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
 	// A free port can be taken between choosing and binding it; try again.
 	for attempt := 0; ; attempt++ {
-		c, err := startServer(ctx, bin, dir, cred, opts, logger)
+		c, err := startServer(ctx, bin, dir, password, cred, opts, logger)
 		if err == nil {
 			logger.Info("throwaway PostgreSQL started", slog.String("dir", dir), slog.String("bin", bin))
 			return c, nil
@@ -130,14 +145,24 @@ func serverCredential() (*syscall.Credential, error) {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
-func initCluster(ctx context.Context, bin, dir string, cred *syscall.Credential) error {
+// initCluster runs initdb: trust on the Unix socket, which only the owner
+// of the 0700 directory can reach, and the password for TCP.
+func initCluster(ctx context.Context, bin, dir, password string, cred *syscall.Credential) error {
+	pwfile := filepath.Join(dir, "pwfile")
+	if err := os.WriteFile(pwfile, []byte(password+"\n"), 0o600); err != nil {
+		return fmt.Errorf("write password file: %w", err)
+	}
+	defer os.Remove(pwfile)
 	if cred != nil {
-		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
-			return fmt.Errorf("hand cluster directory to postgres: %w", err)
+		for _, path := range []string{dir, pwfile} {
+			if err := os.Chown(path, int(cred.Uid), int(cred.Gid)); err != nil {
+				return fmt.Errorf("hand cluster directory to postgres: %w", err)
+			}
 		}
 	}
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "initdb"),
-		"-D", filepath.Join(dir, "data"), "-U", "postgres", "-A", "trust",
+		"-D", filepath.Join(dir, "data"), "-U", "postgres", "--pwfile", pwfile,
+		"--auth-local=trust", "--auth-host=scram-sha-256",
 		"-E", "UTF8", "--no-locale", "--no-sync")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	cmd.Dir = dir
@@ -149,7 +174,7 @@ func initCluster(ctx context.Context, bin, dir string, cred *syscall.Credential)
 
 var errPortTaken = errors.New("port taken")
 
-func startServer(ctx context.Context, bin, dir string, cred *syscall.Credential, opts Options, logger *slog.Logger) (*Cluster, error) {
+func startServer(ctx context.Context, bin, dir, password string, cred *syscall.Credential, opts Options, logger *slog.Logger) (*Cluster, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -165,20 +190,36 @@ func startServer(ctx context.Context, bin, dir string, cred *syscall.Credential,
 	}
 	defer logFile.Close()
 	cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	// If this process dies without Stop, the server shuts down at once.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGQUIT}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Dir = dir
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start postgres: %w", err)
-	}
 	c := &Cluster{
-		url:    fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+		url: (&url.URL{
+			Scheme: "postgres", User: url.UserPassword("postgres", password),
+			Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Path: "/postgres", RawQuery: "sslmode=disable",
+		}).String(),
 		dir:    dir,
 		cmd:    cmd,
 		exited: make(chan struct{}),
 		logger: logger,
 	}
-	go func() { _ = cmd.Wait(); close(c.exited) }()
+	started := make(chan error, 1)
+	go func() {
+		// The parent-death signal follows the thread that started the
+		// child, so that thread lives exactly as long as the server: a
+		// goroutine that exits while locked takes its thread with it.
+		runtime.LockOSThread()
+		err := cmd.Start()
+		started <- err
+		if err == nil {
+			_ = cmd.Wait()
+			close(c.exited)
+		}
+	}()
+	if err := <-started; err != nil {
+		return nil, fmt.Errorf("start postgres: %w", err)
+	}
 
 	if err := c.waitReady(ctx, cmp.Or(opts.StartTimeout, StartTimeoutDefault)); err != nil {
 		c.kill()
@@ -236,6 +277,12 @@ func (c *Cluster) Stop() error {
 func (c *Cluster) kill() {
 	_ = c.cmd.Process.Kill()
 	<-c.exited
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 func freePort() (int, error) {

@@ -1,10 +1,18 @@
 package pgcluster_test
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -73,4 +81,55 @@ func TestURLFromEnv(t *testing.T) {
 	require.Equal(t, "postgres://b", pgcluster.URLFromEnv())
 	t.Setenv("ONCEFLOW_DATABASE_URL", "postgres://a")
 	require.Equal(t, "postgres://a", pgcluster.URLFromEnv(), "ONCEFLOW_DATABASE_URL wins")
+}
+
+// TestServerDiesWithItsOwner: when the process that started a cluster is
+// killed before Stop, the server shuts down, and the next Start removes the
+// directory it left.
+func TestServerDiesWithItsOwner(t *testing.T) {
+	if os.Getenv("PGCLUSTER_TEST_OWNER") == "1" {
+		c, err := pgcluster.Start(context.Background(), pgcluster.Options{})
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println(c.Dir())
+		select {} // wait to be killed
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestServerDiesWithItsOwner$")
+	cmd.Env = append(os.Environ(), "PGCLUSTER_TEST_OWNER=1")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err)
+	dir := strings.TrimSpace(line)
+	require.True(t, strings.HasPrefix(filepath.Base(dir), "onceflow-pg-"), "child said %q", line)
+	pidFile, err := os.ReadFile(filepath.Join(dir, "data", "postmaster.pid"))
+	require.NoError(t, err)
+	serverPID, err := strconv.Atoi(strings.SplitN(string(pidFile), "\n", 2)[0])
+	require.NoError(t, err)
+
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	require.Eventually(t, func() bool { return syscall.Kill(serverPID, 0) != nil },
+		30*time.Second, 20*time.Millisecond, "the server outlived the process that started it")
+
+	c, err := pgcluster.Start(context.Background(), pgcluster.Options{})
+	require.NoError(t, err)
+	defer c.Stop()
+	_, err = os.Stat(dir)
+	require.True(t, os.IsNotExist(err), "the dead owner's directory is removed")
+}
+
+func TestTCPNeedsThePassword(t *testing.T) {
+	ctx := context.Background()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	require.NoError(t, err)
+	defer c.Stop()
+	u, err := url.Parse(c.URL())
+	require.NoError(t, err)
+	u.User = url.User("postgres")
+	_, err = pgx.Connect(ctx, u.String())
+	require.Error(t, err, "no connection over TCP without the password")
 }
