@@ -1,0 +1,49 @@
+package foreign_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/recovery"
+)
+
+func TestDeriveKey(t *testing.T) {
+	t.Parallel()
+	key := recovery.Key{Tenant: "acme", ID: "order-1 for jane@example.com"}
+	record := uuid.MustParse("6f1d0a3e-0c1b-4b6e-9a43-2f1e5d7c9b10")
+	charge := foreign.DeriveKey(key, record, "charge")
+
+	require.Equal(t, charge, foreign.DeriveKey(key, record, "charge"), "stable: every attempt derives the same key")
+	require.Len(t, charge, foreign.KeyLength)
+	require.LessOrEqual(t, len(charge), 255)
+	require.True(t, strings.HasPrefix(charge, foreign.KeyPrefix))
+	require.NotContains(t, charge, "jane", "no request data leaks downstream")
+
+	different := []string{
+		foreign.DeriveKey(recovery.Key{Tenant: "globex", ID: key.ID}, record, "charge"), // another tenant
+		foreign.DeriveKey(key, uuid.New(), "charge"),                                    // the key reused after pruning
+		foreign.DeriveKey(key, record, "refund"),                                        // another step
+		foreign.DeriveKey(key, record, "charge", "item-1"),                              // a sub-call
+		foreign.DeriveKey(key, record, "charge", "item-2"),
+		foreign.DeriveKey(key, record, "charge", "item", "-1"), // parts do not run together
+		foreign.DeriveKey(key, record, "charge", "item-", "1"),
+	}
+	seen := map[string]bool{charge: true}
+	for i, k := range different {
+		require.False(t, seen[k], "key %d collides", i)
+		seen[k] = true
+	}
+}
+
+func TestSetHeader(t *testing.T) {
+	t.Parallel()
+	req, err := http.NewRequest(http.MethodPost, "https://payments.example/charges", nil)
+	require.NoError(t, err)
+	foreign.SetHeader(req, "of1_abc")
+	require.Equal(t, "of1_abc", req.Header.Get("Idempotency-Key"))
+}

@@ -1,0 +1,34 @@
+package foreign
+
+import (
+	"context"
+
+	"github.com/onceflow/onceflow/phase"
+)
+
+// Call is what a foreign mutation's function sees: the workflow run (its
+// request and state) and the downstream key for this step.
+type Call[Req, State any] struct {
+	*phase.Run[Req, State]
+	// Key is this step's downstream idempotency key. Send it with the call;
+	// every attempt at this step sends the same key.
+	Key string
+}
+
+// KeyFor derives a further downstream key for one of several calls the
+// step makes, such as one per item in a loop: the same parts always give the
+// same key within this step of this record.
+func (c *Call[Req, State]) KeyFor(parts ...string) string {
+	return DeriveKey(c.Run.Key, c.Run.RecordID, c.Run.Step, parts...)
+}
+
+// Mutation declares a step that changes another system. fn runs outside any
+// transaction with c.Key derived for it; what fn puts in c.State is
+// committed at the next commit point. If the process dies before then, the
+// step runs again with the same key, and the other system must deduplicate
+// it: send c.Key.
+func Mutation[Req, State any](name string, fn func(ctx context.Context, c *Call[Req, State]) error) phase.Step[Req, State] {
+	return phase.Foreign(name, func(ctx context.Context, r *phase.Run[Req, State]) error {
+		return fn(ctx, &Call[Req, State]{Run: r, Key: DeriveKey(r.Key, r.RecordID, r.Step)})
+	})
+}

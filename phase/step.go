@@ -1,0 +1,128 @@
+package phase
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/recovery"
+)
+
+// Kind is what a step does.
+type Kind int
+
+const (
+	// KindAtomic: local writes in one transaction, committed with the
+	// recovery point.
+	KindAtomic Kind = iota + 1
+	// KindForeign: a call to another system, outside any transaction.
+	KindForeign
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindAtomic:
+		return "atomic"
+	case KindForeign:
+		return "foreign"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Run is what a step function sees of the workflow it belongs to.
+type Run[Req, State any] struct {
+	// Key is the idempotency key the workflow runs under.
+	Key recovery.Key
+	// RecordID is the key record's id: minted once, the same for every
+	// attempt, different if the key is reused after its record was pruned.
+	RecordID uuid.UUID
+	// Step is the name of the step being run.
+	Step string
+	// Attempt counts the attempts at this workflow, this one included.
+	Attempt int
+	// Request is the workflow's request. Treat it as read-only.
+	Request Req
+	// State is the workflow state. Steps change it; it is committed as JSON
+	// with each recovery point.
+	State State
+}
+
+// AtomicFunc makes a step's local writes in tx. It must not commit or roll
+// back tx.
+type AtomicFunc[Req, State any] func(ctx context.Context, tx pgx.Tx, r *Run[Req, State]) error
+
+// ForeignFunc calls another system.
+type ForeignFunc[Req, State any] func(ctx context.Context, r *Run[Req, State]) error
+
+// Step is one named step of a workflow.
+type Step[Req, State any] struct {
+	name    string
+	kind    Kind
+	atomic  AtomicFunc[Req, State]
+	foreign ForeignFunc[Req, State]
+}
+
+// Atomic declares an atomic phase: fn's writes in tx commit together with
+// the recovery point, or not at all.
+func Atomic[Req, State any](name string, fn AtomicFunc[Req, State]) Step[Req, State] {
+	return Step[Req, State]{name: name, kind: KindAtomic, atomic: fn}
+}
+
+// Foreign declares a step that calls another system outside any
+// transaction. Most code uses foreign.Mutation, which hands the call a
+// downstream idempotency key derived from the record.
+func Foreign[Req, State any](name string, fn ForeignFunc[Req, State]) Step[Req, State] {
+	return Step[Req, State]{name: name, kind: KindForeign, foreign: fn}
+}
+
+// Name returns the step's name, which is also its recovery point.
+func (s Step[Req, State]) Name() string { return s.name }
+
+// Kind returns what the step does.
+func (s Step[Req, State]) Kind() Kind { return s.kind }
+
+// Valid reports what is wrong with the step's declaration, if anything.
+func (s Step[Req, State]) Valid() error {
+	if err := recovery.CheckName("step name", s.name); err != nil {
+		return err
+	}
+	if (s.kind == KindAtomic && s.atomic == nil) || (s.kind == KindForeign && s.foreign == nil) || s.kind == 0 {
+		return fmt.Errorf("step %q has no function", s.name)
+	}
+	return nil
+}
+
+// RunAtomic runs an atomic step's function in tx. A panic in the function
+// is returned as a *PanicError.
+func (s Step[Req, State]) RunAtomic(ctx context.Context, tx pgx.Tx, r *Run[Req, State]) (err error) {
+	defer recoverPanic(s.name, &err)
+	r.Step = s.name
+	return s.atomic(ctx, tx, r)
+}
+
+// RunForeign runs a foreign step's function. A panic in the function is
+// returned as a *PanicError.
+func (s Step[Req, State]) RunForeign(ctx context.Context, r *Run[Req, State]) (err error) {
+	defer recoverPanic(s.name, &err)
+	r.Step = s.name
+	return s.foreign(ctx, r)
+}
+
+// PanicError is a panic recovered from a step, with the stack where it
+// happened.
+type PanicError struct {
+	Step  string
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("step %s panicked: %v", e.Step, e.Value) }
+
+func recoverPanic(step string, err *error) {
+	if v := recover(); v != nil {
+		*err = &PanicError{Step: step, Value: v, Stack: debug.Stack()}
+	}
+}

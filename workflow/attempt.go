@@ -1,0 +1,417 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/recovery"
+)
+
+// cleanupTimeout bounds the writes an attempt makes after its context ended
+// (releasing the lease, deleting a rejected claim).
+const cleanupTimeout = 10 * time.Second
+
+// attempt is one run of a workflow under a key: from the claim to the
+// response or the error.
+type attempt[Req, State any] struct {
+	e     *Engine
+	w     *Workflow[Req, State]
+	key   Key
+	claim func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error)
+	start int // the step expected to run first; the claim folds into it when atomic
+
+	rec       *recovery.Record
+	outcome   recovery.Outcome
+	run       phase.Run[Req, State]
+	next      int  // index of the next step to run
+	claimOpen bool // the claim is uncommitted, in the open transaction
+	committed bool // a recovery point exists
+}
+
+// run starts or continues the workflow for a client's request.
+func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, request any) (*Result, error) {
+	req, err := asRequest[Req](w.name, request)
+	if err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encode %s request: %v", ErrInvalidInput, w.name, err)
+	}
+	fp, canonical, err := recovery.FingerprintJSON(w.name, body)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidInput, err)
+	}
+	params := recovery.ClaimParams{Key: key, Workflow: w.name, Fingerprint: fp, Request: canonical}
+	a := &attempt[Req, State]{e: e, w: w, key: key,
+		claim: func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
+			return s.Claim(ctx, params)
+		},
+	}
+	a.run.Request = req
+	return a.execute(ctx)
+}
+
+// resume continues the workflow of rec from its stored request.
+func (w *Workflow[Req, State]) resume(ctx context.Context, e *Engine, rec *recovery.Record) (*Result, error) {
+	a := &attempt[Req, State]{e: e, w: w, key: rec.Key,
+		claim: func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
+			return s.Takeover(ctx, rec.Key)
+		},
+	}
+	if err := json.Unmarshal(rec.Request, &a.run.Request); err != nil {
+		return nil, fmt.Errorf("resume %s: decode stored request: %w", w.name, err)
+	}
+	a.start, _ = w.indexAfter(rec.RecoveryPoint)
+	return a.execute(ctx)
+}
+
+func asRequest[Req any](workflow string, request any) (Req, error) {
+	switch r := request.(type) {
+	case Req:
+		return r, nil
+	case *Req:
+		if r != nil {
+			return *r, nil
+		}
+	}
+	var zero Req
+	return zero, fmt.Errorf("%w: workflow %s takes a %T request, got %T", ErrInvalidInput, workflow, zero, request)
+}
+
+// execute claims the key and runs the steps after its recovery point.
+func (a *attempt[Req, State]) execute(ctx context.Context) (*Result, error) {
+	steps := a.w.steps
+	var tx pgx.Tx
+	if a.start < len(steps) && steps[a.start].Kind() == phase.KindAtomic {
+		if err := a.e.crashPoint(ctx, a.key, BeforeStep, steps[a.start].Name()); err != nil {
+			return nil, err
+		}
+		var err error
+		if tx, err = a.e.db.Begin(ctx); err != nil {
+			return nil, fmt.Errorf("workflow %s: begin: %w", a.w.name, err)
+		}
+		a.claimOpen = true
+	}
+	if res, err := a.claimKey(ctx, tx); res != nil || err != nil {
+		return res, err
+	}
+	if tx != nil && a.next != a.start {
+		// The record moved on since the guess: commit the takeover alone.
+		if err := a.commit(ctx, tx); err != nil {
+			return a.failed(ctx, nil, "", err)
+		}
+		tx = nil
+	}
+	if a.outcome == recovery.OutcomeTakeover && a.e.maxAttempts > 0 && a.rec.Attempts >= a.e.maxAttempts {
+		return a.failTerminally(ctx, tx, a.rec.Fence(), a.rec.Attempts, errors.New(a.rec.LastError))
+	}
+	for a.next < len(steps) {
+		step := steps[a.next]
+		if tx == nil {
+			if err := a.e.crashPoint(ctx, a.key, BeforeStep, step.Name()); err != nil {
+				return nil, err
+			}
+		}
+		var (
+			res *Result
+			err error
+		)
+		if step.Kind() == phase.KindAtomic {
+			res, err = a.atomic(ctx, tx, step)
+			tx = nil
+		} else {
+			res, err = a.foreign(ctx, step)
+		}
+		if res != nil || err != nil {
+			return res, err
+		}
+	}
+	// Every step is committed but no response is stored (the workflow was
+	// redefined with fewer steps): finish from the state.
+	return a.respond(ctx, nil, a.w.steps[len(steps)-1].Name(), nil)
+}
+
+// claimKey claims the key (in tx when not nil) and loads the record. It
+// returns a result or an error when this attempt does not own the key.
+func (a *attempt[Req, State]) claimKey(ctx context.Context, tx pgx.Tx) (*Result, error) {
+	store := a.e.store
+	if tx != nil {
+		store = store.WithTx(tx)
+	}
+	rec, outcome, err := a.claim(ctx, store)
+	if err != nil || outcome == recovery.OutcomeReplay {
+		rollback(tx) // the claim wrote nothing
+		if err != nil {
+			return nil, err
+		}
+		return replayed(rec), nil
+	}
+	a.rec, a.outcome = rec, outcome
+	a.run.Key, a.run.RecordID, a.run.Attempt = a.key, rec.ID, rec.Attempts+1
+	a.committed = rec.RecoveryPoint != ""
+	next, ok := a.w.indexAfter(rec.RecoveryPoint)
+	if !ok {
+		return a.failed(ctx, tx, "", fmt.Errorf("recovery point %q is not a step of workflow %s", rec.RecoveryPoint, a.w.name))
+	}
+	a.next = next
+	if len(rec.State) > 0 {
+		if err := json.Unmarshal(rec.State, &a.run.State); err != nil {
+			return a.failed(ctx, tx, "", fmt.Errorf("decode stored state: %w", err))
+		}
+	}
+	if outcome == recovery.OutcomeTakeover {
+		a.e.logger.InfoContext(ctx, "resuming workflow", a.logAttrs("", slog.String("after", rec.RecoveryPoint))...)
+	}
+	return nil, nil
+}
+
+// atomic runs an atomic phase in tx (begun here when nil) and commits it
+// with the recovery point, or with the response when it is the last step.
+func (a *attempt[Req, State]) atomic(ctx context.Context, tx pgx.Tx, step phase.Step[Req, State]) (*Result, error) {
+	if tx == nil {
+		var err error
+		if tx, err = a.e.db.Begin(ctx); err != nil {
+			return a.failed(ctx, nil, step.Name(), fmt.Errorf("begin: %w", err))
+		}
+	}
+	// While the claim is uncommitted in tx, the row is locked by this
+	// attempt and no takeover is possible: no heartbeat is needed.
+	stepCtx, stop := a.heartbeat(ctx, step.Name(), !a.claimOpen)
+	err := step.RunAtomic(stepCtx, tx, &a.run)
+	if lost := stop(); lost != nil {
+		err = lost
+	}
+	if o, ok := asOutcome(err); ok {
+		return a.respondOrReject(ctx, tx, step.Name(), o)
+	}
+	if err != nil {
+		return a.failed(ctx, tx, step.Name(), err)
+	}
+	if a.next == len(a.w.steps)-1 {
+		return a.respond(ctx, tx, step.Name(), nil)
+	}
+	if err := a.advance(ctx, tx, step.Name()); err != nil {
+		return a.failed(ctx, tx, step.Name(), err)
+	}
+	if err := a.commit(ctx, tx); err != nil {
+		return a.failed(ctx, nil, step.Name(), err)
+	}
+	return nil, a.e.crashPoint(ctx, a.key, AfterCommit, step.Name())
+}
+
+// foreign runs a foreign mutation outside any transaction. Its result is
+// committed with the next atomic phase, or right away when none follows.
+func (a *attempt[Req, State]) foreign(ctx context.Context, step phase.Step[Req, State]) (*Result, error) {
+	stepCtx, stop := a.heartbeat(ctx, step.Name(), true)
+	err := step.RunForeign(stepCtx, &a.run)
+	if lost := stop(); lost != nil {
+		err = lost
+	}
+	if o, ok := asOutcome(err); ok {
+		return a.respondOrReject(ctx, nil, step.Name(), o)
+	}
+	if err != nil {
+		return a.failed(ctx, nil, step.Name(), err)
+	}
+	if err := a.e.crashPoint(ctx, a.key, AfterForeignCall, step.Name()); err != nil {
+		return nil, err
+	}
+	if a.next == len(a.w.steps)-1 {
+		return a.respond(ctx, nil, step.Name(), nil)
+	}
+	if a.w.steps[a.next+1].Kind() == phase.KindAtomic {
+		a.next++ // committed with the next phase
+		return nil, nil
+	}
+	if err := a.advance(ctx, nil, step.Name()); err != nil {
+		return a.failed(ctx, nil, step.Name(), err)
+	}
+	return nil, a.e.crashPoint(ctx, a.key, AfterCommit, step.Name())
+}
+
+// advance records step as the recovery point, with the state, in tx (or on
+// its own when tx is nil), and moves on to the next step.
+func (a *attempt[Req, State]) advance(ctx context.Context, tx pgx.Tx, step string) error {
+	state, err := json.Marshal(a.run.State)
+	if err != nil {
+		return fmt.Errorf("encode state: %w", err)
+	}
+	if err := a.storeFor(tx).Advance(ctx, a.rec.Fence(), step, state); err != nil {
+		return err
+	}
+	if tx == nil {
+		a.committed = true
+	}
+	a.next++
+	return nil
+}
+
+// respond completes the key with resp (nil: the response built from the
+// final state) after step, in tx or on its own, and returns the result.
+func (a *attempt[Req, State]) respond(ctx context.Context, tx pgx.Tx, step string, resp *Response) (*Result, error) {
+	if resp == nil {
+		built, err := a.buildResponse()
+		if err != nil {
+			return a.failed(ctx, tx, step, err)
+		}
+		resp = &built
+	}
+	state, err := json.Marshal(a.run.State)
+	if err != nil {
+		return a.failed(ctx, tx, step, fmt.Errorf("encode state: %w", err))
+	}
+	if err := a.storeFor(tx).CompleteAfter(ctx, a.rec.Fence(), step, state, *resp); err != nil {
+		return a.failed(ctx, tx, step, err)
+	}
+	if tx != nil {
+		if err := a.commit(ctx, tx); err != nil {
+			return a.failed(ctx, nil, step, err)
+		}
+	}
+	if err := a.e.crashPoint(ctx, a.key, AfterCommit, step); err != nil {
+		return nil, err
+	}
+	return &Result{Response: *resp, Outcome: a.outcome, ResumedFrom: a.resumedFrom()}, nil
+}
+
+func (a *attempt[Req, State]) buildResponse() (resp Response, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("building the response panicked: %v", v)
+		}
+	}()
+	return a.w.response(&a.run.State), nil
+}
+
+// respondOrReject ends the workflow as a step asked.
+func (a *attempt[Req, State]) respondOrReject(ctx context.Context, tx pgx.Tx, step string, o *outcome) (*Result, error) {
+	if !o.reject || a.committed {
+		return a.respond(ctx, tx, step, &o.resp)
+	}
+	rollback(tx)
+	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if rec, ok := a.recordAfterRollback(cleanupCtx, a.outcome == recovery.OutcomeTakeover); ok {
+		if err := a.e.store.DeleteUnstarted(cleanupCtx, rec.Fence()); err != nil {
+			a.e.logger.WarnContext(ctx, "could not delete a rejected claim", a.logAttrs(step, slog.Any("error", err))...)
+		}
+	}
+	return &Result{Response: o.resp, Outcome: a.outcome, Rejected: true}, nil
+}
+
+// failed handles a step's error: roll back, then release the lease so a
+// retry can take over at once, or fail the key terminally after
+// MaxAttempts. A lost lease or a crash releases nothing.
+func (a *attempt[Req, State]) failed(ctx context.Context, tx pgx.Tx, step string, cause error) (*Result, error) {
+	rollback(tx)
+	stepErr := &StepError{Workflow: a.w.name, Step: step, Attempt: a.run.Attempt, Err: cause}
+	var panicErr *phase.PanicError
+	switch {
+	case errors.Is(cause, ErrCrashed):
+		return nil, cause
+	case errors.Is(cause, ErrLeaseLost):
+		a.e.logger.WarnContext(ctx, "lease lost; this attempt's uncommitted writes rolled back", a.logAttrs(step)...)
+		return nil, stepErr
+	case errors.As(cause, &panicErr):
+		a.e.logger.ErrorContext(ctx, "workflow step panicked",
+			a.logAttrs(step, slog.Any("panic", panicErr.Value), slog.String("stack", string(panicErr.Stack)))...)
+	default:
+		a.e.logger.WarnContext(ctx, "workflow step failed", a.logAttrs(step, slog.Any("error", cause))...)
+	}
+	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	rec, ok := a.recordAfterRollback(cleanupCtx, true)
+	if !ok {
+		return nil, stepErr
+	}
+	if a.e.maxAttempts > 0 && rec.Attempts+1 >= a.e.maxAttempts {
+		return a.failTerminally(cleanupCtx, nil, rec.Fence(), rec.Attempts+1, cause)
+	}
+	if err := a.e.store.Release(cleanupCtx, rec.Fence(), stepErr.Error()); err != nil {
+		a.e.logger.WarnContext(ctx, "could not release the lease", a.logAttrs(step, slog.Any("error", err))...)
+	}
+	return nil, stepErr
+}
+
+// recordAfterRollback returns the record as this attempt owns it once its
+// transaction rolled back. A claim that was uncommitted in that transaction
+// rolled back too; when reclaim is set, the key is claimed again, on its
+// own, so that the outcome can be recorded.
+func (a *attempt[Req, State]) recordAfterRollback(ctx context.Context, reclaim bool) (*recovery.Record, bool) {
+	if !a.claimOpen {
+		return a.rec, true
+	}
+	if !reclaim {
+		return nil, false
+	}
+	rec, outcome, err := a.claim(ctx, a.e.store)
+	if err != nil || outcome == recovery.OutcomeReplay {
+		return nil, false // another attempt got there first
+	}
+	return rec, true
+}
+
+// failTerminally stores a 500 for the key and returns it.
+func (a *attempt[Req, State]) failTerminally(ctx context.Context, tx pgx.Tx, fence recovery.Fence, attempts int, cause error) (*Result, error) {
+	resp := Problem(500, fmt.Sprintf("%s failed after %d attempts and will not be retried", a.w.name, attempts))
+	if err := a.storeFor(tx).Fail(ctx, fence, resp, fmt.Sprintf("after %d attempts: %v", attempts, cause)); err != nil {
+		rollback(tx)
+		return nil, &StepError{Workflow: a.w.name, Attempt: attempts, Err: fmt.Errorf("fail terminally: %w", err)}
+	}
+	if tx != nil {
+		if err := a.commit(ctx, tx); err != nil {
+			return nil, &StepError{Workflow: a.w.name, Attempt: attempts, Err: err}
+		}
+	}
+	a.e.logger.ErrorContext(ctx, "workflow failed terminally", a.logAttrs("", slog.Int("attempts", attempts), slog.Any("error", cause))...)
+	return &Result{Response: resp, Outcome: a.outcome, Failed: true}, nil
+}
+
+func (a *attempt[Req, State]) commit(ctx context.Context, tx pgx.Tx) error {
+	if err := tx.Commit(ctx); err != nil {
+		a.claimOpen = false // the commit may have landed: write with the fence from now on
+		return fmt.Errorf("commit: %w", err)
+	}
+	a.claimOpen = false
+	a.committed = true
+	return nil
+}
+
+func (a *attempt[Req, State]) storeFor(tx pgx.Tx) *recovery.Store {
+	if tx == nil {
+		return a.e.store
+	}
+	return a.e.store.WithTx(tx)
+}
+
+func (a *attempt[Req, State]) resumedFrom() string {
+	if a.outcome == recovery.OutcomeTakeover {
+		return a.rec.RecoveryPoint
+	}
+	return ""
+}
+
+func (a *attempt[Req, State]) logAttrs(step string, extra ...any) []any {
+	attrs := []any{slog.String("workflow", a.w.name), slog.String("tenant", a.key.Tenant), slog.String("key", a.key.ID),
+		slog.Int("attempt", a.run.Attempt)}
+	if step != "" {
+		attrs = append(attrs, slog.String("step", step))
+	}
+	return append(attrs, extra...)
+}
+
+// rollback ends tx, if any, without committing. Its error is of no use: a
+// failed rollback leaves nothing committed either.
+func rollback(tx pgx.Tx) {
+	if tx != nil {
+		_ = tx.Rollback(context.Background())
+	}
+}

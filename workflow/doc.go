@@ -1,0 +1,34 @@
+// Package workflow runs multi-step operations exactly once under an
+// idempotency key, resumably.
+//
+// A workflow is declared once, as a sequence of atomic phases (phase.Atomic:
+// local writes in one transaction) and foreign mutations (foreign.Mutation:
+// calls to other systems with a derived downstream key), plus the response
+// built from the final state:
+//
+//	var Checkout = workflow.Define("checkout",
+//		phase.Atomic("create_order", createOrder),
+//		foreign.Mutation("charge", charge),
+//		phase.Atomic("record_charge", recordCharge),
+//	).Finish(func(s *State) workflow.Response { return workflow.JSON(201, s) })
+//
+// Engine.Run claims the key and walks the state machine: a new key runs from
+// the first step; a retry of a finished key gets the stored response,
+// verbatim; a retry that finds the key's lease expired takes it over with a
+// new owner token and resumes after the last committed step (the recovery
+// point). Engine.Resume does the same from the stored request when the
+// client is gone.
+//
+// Each atomic phase commits its writes, the recovery point and the state in
+// one transaction fenced by the owner token. The claim folds into the first
+// phase's transaction and the completion into the last one's, so a workflow
+// of N atomic phases commits N transactions, as its business writes alone
+// would. A foreign mutation's result is committed at the next commit point.
+//
+// Steps end a workflow early with Respond (a business outcome such as a
+// declined card, stored and replayed) or Reject (a validation failure before
+// anything was committed: no record is kept and the client may retry at
+// once). Any other error, or a panic, releases the lease with the record
+// kept at its recovery point; after MaxAttempts such attempts the key fails
+// terminally with a stored 500.
+package workflow

@@ -1,0 +1,196 @@
+package workflow
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/recovery"
+)
+
+// MaxAttemptsDefault is how many attempts may end without finishing before
+// a key fails terminally.
+const MaxAttemptsDefault = 10
+
+// DB is what the engine needs of a database: *pgxpool.Pool satisfies it.
+type DB interface {
+	recovery.DBTX
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Config configures an Engine. The zero value is ready to use.
+type Config struct {
+	// Schema holds onceflow's tables; use the schema the migrations ran
+	// with. "" means "public".
+	Schema string
+
+	// Lease is how long an attempt holds a key without committing progress.
+	// Each commit extends it, and a step running longer than a third of it
+	// has it renewed by a heartbeat. 0 means recovery.LeaseDefault (30s).
+	Lease time.Duration
+
+	// MaxAttempts is how many attempts may end without finishing (an error,
+	// a panic, a crash) before the key fails terminally with a stored 500.
+	// 0 means MaxAttemptsDefault; -1 means no limit.
+	MaxAttempts int
+
+	// ResponseHeaders lists the response headers stored and replayed. nil
+	// means recovery.DefaultResponseHeaders.
+	ResponseHeaders []string
+
+	// Workflows are registered at once, for Resume (see Register).
+	Workflows []Definition
+
+	// Logger receives takeovers, step failures, lost leases and terminal
+	// failures. nil discards them.
+	Logger *slog.Logger
+
+	// Hooks let tests stop attempts at crash points and watch the lease
+	// heartbeat. Leave nil in production.
+	Hooks *Hooks
+}
+
+// Engine runs workflows under idempotency keys. It is safe for concurrent
+// use; several engines, in one process or many, may share a database.
+type Engine struct {
+	db          DB
+	store       *recovery.Store
+	lease       time.Duration
+	maxAttempts int
+	logger      *slog.Logger
+	hooks       Hooks
+
+	mu        sync.RWMutex
+	workflows map[string]Definition
+}
+
+// Result is what a run answered.
+type Result struct {
+	// Response is the workflow's response: from this attempt, or stored by
+	// an earlier one.
+	Response Response
+	// Replayed reports a response stored by an earlier attempt, returned
+	// without running anything (HTTP: Idempotent-Replayed: true).
+	Replayed bool
+	// Outcome is how this call got the key: new, a takeover, or a replay.
+	Outcome recovery.Outcome
+	// ResumedFrom is the recovery point a takeover resumed after; "" when
+	// the run started from the first step.
+	ResumedFrom string
+	// Failed reports a terminal failure: Response is the stored 500.
+	Failed bool
+	// Rejected reports a Reject: Response was not stored and the key is
+	// free again.
+	Rejected bool
+}
+
+// NewEngine returns an engine that stores key records in db.
+func NewEngine(db DB, cfg Config) (*Engine, error) {
+	store, err := recovery.New(db, recovery.Config{
+		Schema: cfg.Schema, ResponseHeaders: cfg.ResponseHeaders, Lease: cfg.Lease,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxAttempts < -1 {
+		return nil, fmt.Errorf("%w: MaxAttempts is %d; use -1 for no limit", ErrInvalidInput, cfg.MaxAttempts)
+	}
+	e := &Engine{
+		db:          db,
+		store:       store,
+		lease:       store.Lease(),
+		maxAttempts: cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault),
+		logger:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		workflows:   map[string]Definition{},
+	}
+	if cfg.Hooks != nil {
+		e.hooks = *cfg.Hooks
+	}
+	if err := e.Register(cfg.Workflows...); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Register makes workflows resumable by this engine: Resume looks a record's
+// workflow up by name. Run registers the workflow it runs. Two different
+// definitions under one name are an error.
+func (e *Engine) Register(defs ...Definition) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, d := range defs {
+		if existing, ok := e.workflows[d.Name()]; ok && existing != d {
+			return fmt.Errorf("%w: two workflow definitions are named %q", ErrInvalidInput, d.Name())
+		}
+		e.workflows[d.Name()] = d
+	}
+	return nil
+}
+
+func (e *Engine) workflow(name string) (Definition, bool) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	d, ok := e.workflows[name]
+	return d, ok
+}
+
+// Store returns the engine's key-record store, for inspection and for
+// operations outside workflows (ExpireLease in tests, for example).
+func (e *Engine) Store() *recovery.Store { return e.store }
+
+// Run runs wf for request under key and returns its response. request must
+// be the workflow's request type (or a pointer to it).
+//
+// A new key runs the workflow from its first step. A key whose workflow
+// finished returns the stored response with Replayed set, running nothing.
+// A key whose previous attempt stopped (its lease expired or was released)
+// is taken over and resumed after its recovery point. A key in flight
+// returns an error matching ErrInFlight; the same key with a different
+// request, ErrMismatch.
+//
+// If ctx is cancelled mid-way, the attempt stops, hands its lease back and
+// returns the context's error; a retry or Resume finishes the work.
+func (e *Engine) Run(ctx context.Context, key Key, wf Definition, request any) (*Result, error) {
+	if err := key.Validate(); err != nil {
+		return nil, err
+	}
+	if err := e.Register(wf); err != nil {
+		return nil, err
+	}
+	return wf.run(ctx, e, key, request)
+}
+
+// Resume finishes the work of a key whose client is gone, from the stored
+// request: it takes over the expired lease and continues after the recovery
+// point, as a retry would. The record's workflow must be registered (Config
+// Workflows, Register, or an earlier Run). A finished key returns its stored
+// response; a key in flight, ErrInFlight; a missing one, ErrNotFound.
+func (e *Engine) Resume(ctx context.Context, key Key) (*Result, error) {
+	rec, err := e.store.Load(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Finished() {
+		return replayed(rec), nil
+	}
+	wf, ok := e.workflow(rec.Workflow)
+	if !ok {
+		return nil, fmt.Errorf("resume key %q of tenant %q: %w %q", key.ID, key.Tenant, ErrUnknownWorkflow, rec.Workflow)
+	}
+	return wf.resume(ctx, e, rec)
+}
+
+// replayed is the result of a finished record.
+func replayed(rec *recovery.Record) *Result {
+	return &Result{
+		Response: *rec.Response,
+		Replayed: true,
+		Outcome:  recovery.OutcomeReplay,
+		Failed:   rec.Status == recovery.StatusFailed,
+	}
+}

@@ -1,0 +1,90 @@
+package workflow
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/onceflow/onceflow/phase"
+)
+
+// PointKind is where in a workflow a crash point lies.
+type PointKind int
+
+const (
+	// BeforeStep: before the step starts (for the first atomic phase of a
+	// fresh run, before the claim).
+	BeforeStep PointKind = iota + 1
+	// AfterForeignCall: a foreign mutation returned, its result not yet
+	// committed.
+	AfterForeignCall
+	// AfterCommit: the step's commit succeeded, the caller not yet told.
+	AfterCommit
+)
+
+// CrashPoint is a place where a process could die with interesting
+// consequences.
+type CrashPoint struct {
+	Kind PointKind
+	Step string
+}
+
+// String describes the point, e.g. "after charge's call".
+func (p CrashPoint) String() string {
+	switch p.Kind {
+	case BeforeStep:
+		return "before " + p.Step
+	case AfterForeignCall:
+		return "after " + p.Step + "'s call"
+	case AfterCommit:
+		return "after " + p.Step + "'s commit"
+	}
+	return fmt.Sprintf("CrashPoint(%d, %s)", p.Kind, p.Step)
+}
+
+// Hooks observe and interrupt attempts, for tests.
+type Hooks struct {
+	// CrashPoint is called at every crash point an attempt passes, never
+	// with a transaction open. If it returns an error, the attempt stops
+	// there as a process death would: no lease release, no cleanup, no
+	// further writes, and Run returns an error matching ErrCrashed. To test
+	// an attempt that stalls and wakes up after its lease was taken over,
+	// block in the hook and return nil: every write it tries afterwards is
+	// fenced out.
+	CrashPoint func(ctx context.Context, key Key, p CrashPoint) error
+
+	// LeaseRenewed is called after each heartbeat renewal, with the new
+	// lease end, or with the error that stopped it.
+	LeaseRenewed func(key Key, step string, until time.Time, err error)
+}
+
+// CrashPoints lists, from a workflow's definition, every crash point a run
+// from the first step passes, in order: before each step, after each foreign
+// call, and after each commit.
+func CrashPoints(d Definition) []CrashPoint {
+	steps := d.Steps()
+	var points []CrashPoint
+	for i, s := range steps {
+		points = append(points, CrashPoint{BeforeStep, s.Name})
+		if s.Kind == phase.KindForeign {
+			points = append(points, CrashPoint{AfterForeignCall, s.Name})
+		}
+		// A foreign result followed by an atomic phase commits with it.
+		if s.Kind == phase.KindAtomic || i == len(steps)-1 || steps[i+1].Kind == phase.KindForeign {
+			points = append(points, CrashPoint{AfterCommit, s.Name})
+		}
+	}
+	return points
+}
+
+// crashPoint runs the CrashPoint hook, if any.
+func (e *Engine) crashPoint(ctx context.Context, key Key, kind PointKind, step string) error {
+	if e.hooks.CrashPoint == nil {
+		return nil
+	}
+	p := CrashPoint{Kind: kind, Step: step}
+	if err := e.hooks.CrashPoint(ctx, key, p); err != nil {
+		return fmt.Errorf("%w %s: %w", ErrCrashed, p, err)
+	}
+	return nil
+}

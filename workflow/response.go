@@ -1,0 +1,77 @@
+package workflow
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/onceflow/onceflow/recovery"
+)
+
+// Response is what a workflow answers: a status, headers and body, stored
+// verbatim and replayed to every retry.
+type Response = recovery.Response
+
+// JSON returns a response with status and v encoded as JSON. It panics if v
+// cannot be encoded, a programming error; inside a workflow the panic is
+// recovered like any other.
+func JSON(status int, v any) Response {
+	body, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("workflow.JSON: %v", err))
+	}
+	return Response{
+		Status: status,
+		Header: http.Header{"Content-Type": {"application/json"}},
+		Body:   body,
+	}
+}
+
+// Problem returns an RFC 9457 problem response (application/problem+json)
+// with the status's standard title and detail.
+func Problem(status int, detail string) Response {
+	body, _ := json.Marshal(struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail,omitempty"`
+	}{"about:blank", http.StatusText(status), status, detail})
+	return Response{
+		Status: status,
+		Header: http.Header{"Content-Type": {"application/problem+json"}},
+		Body:   body,
+	}
+}
+
+// outcome is the control-flow error Respond and Reject return.
+type outcome struct {
+	resp   Response
+	reject bool
+}
+
+func (o *outcome) Error() string {
+	if o.reject {
+		return fmt.Sprintf("workflow rejected the request with status %d", o.resp.Status)
+	}
+	return fmt.Sprintf("workflow responded with status %d", o.resp.Status)
+}
+
+// Respond ends the workflow with a business outcome: the engine stores resp
+// as the key's response, completes the key and replays resp to every retry.
+// Returned from an atomic phase, the phase's writes commit with it (mark the
+// order declined, answer 402). The steps after it do not run.
+func Respond(resp Response) error { return &outcome{resp: resp} }
+
+// Reject ends the workflow with resp and keeps no record, for a request
+// refused before it changed anything (a validation error): the client may
+// retry at once with the same key. Returned from an atomic phase, the
+// phase's writes roll back. Once a step has committed, there are effects to
+// answer for, and Reject acts as Respond.
+func Reject(resp Response) error { return &outcome{resp: resp, reject: true} }
+
+func asOutcome(err error) (*outcome, bool) {
+	var o *outcome
+	ok := errors.As(err, &o)
+	return o, ok
+}
