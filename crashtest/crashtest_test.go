@@ -1,0 +1,199 @@
+package crashtest_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/crashtest"
+	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/workflow"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+type Order struct {
+	SKU    string `json:"sku"`
+	Amount int64  `json:"amount"`
+}
+
+type State struct {
+	OrderID       int64  `json:"order_id"`
+	ReservationID string `json:"reservation_id,omitempty"`
+	ChargeID      string `json:"charge_id,omitempty"`
+}
+
+// provider is a fake inventory and payment service over real HTTP. Each
+// endpoint deduplicates by Idempotency-Key and counts effects per key.
+type provider struct {
+	*httptest.Server
+	mu      sync.Mutex
+	effects map[string]map[string]string // endpoint -> key -> id
+}
+
+func newProvider(t *testing.T) *provider {
+	p := &provider{effects: map[string]map[string]string{"reservations": {}, "charges": {}}}
+	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		endpoint := strings.TrimPrefix(r.URL.Path, "/")
+		key := r.Header.Get(foreign.Header)
+		if key == "" || r.Method != http.MethodPost || p.effects[endpoint] == nil {
+			http.Error(w, "bad request", http.StatusBadRequest)
+			return
+		}
+		p.mu.Lock()
+		id, seen := p.effects[endpoint][key]
+		if !seen {
+			id = fmt.Sprintf("%s_%d", endpoint[:2], len(p.effects[endpoint])+1)
+			p.effects[endpoint][key] = id
+		}
+		p.mu.Unlock()
+		_ = json.NewEncoder(w).Encode(map[string]string{"id": id})
+	}))
+	t.Cleanup(p.Close)
+	return p
+}
+
+// call posts to endpoint with key and returns the id the service answers.
+func (p *provider) call(ctx context.Context, endpoint, key string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.URL+"/"+endpoint, nil)
+	if err != nil {
+		return "", err
+	}
+	foreign.SetHeader(req, key)
+	resp, err := p.Client().Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var out struct{ ID string }
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return "", err
+	}
+	return out.ID, nil
+}
+
+func (p *provider) count(endpoint string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.effects[endpoint])
+}
+
+// checkout has three atomic phases and two foreign mutations. keyFor picks
+// the key the charge sends: a correct workflow sends the derived key.
+func checkout(p *provider, chargeKey func(c *foreign.Call[Order, State]) string) *workflow.Workflow[Order, State] {
+	return workflow.Define("checkout",
+		phase.Atomic("create_order", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
+			return tx.QueryRow(ctx, `INSERT INTO orders (sku, amount) VALUES ($1, $2) RETURNING id`,
+				r.Request.SKU, r.Request.Amount).Scan(&r.State.OrderID)
+		}),
+		foreign.Mutation("reserve_stock", func(ctx context.Context, c *foreign.Call[Order, State]) error {
+			id, err := p.call(ctx, "reservations", c.Key)
+			c.State.ReservationID = id
+			return err
+		}),
+		phase.Atomic("record_reservation", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
+			_, err := tx.Exec(ctx, `INSERT INTO reservations (order_id, reservation_id) VALUES ($1, $2)`,
+				r.State.OrderID, r.State.ReservationID)
+			return err
+		}),
+		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Order, State]) error {
+			id, err := p.call(ctx, "charges", chargeKey(c))
+			c.State.ChargeID = id
+			return err
+		}),
+		phase.Atomic("mark_paid", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
+			_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, charge_id) VALUES ($1, $2)`, r.State.OrderID, r.State.ChargeID)
+			return err
+		}),
+	).Finish(func(s *State) workflow.Response { return workflow.JSON(201, s) })
+}
+
+// newWorld builds a fresh database and provider, and the invariant: one row
+// per business effect, one effect per downstream operation.
+func newWorld(t *testing.T, chargeKey func(c *foreign.Call[Order, State]) string) func(context.Context) (*crashtest.World[Order, State], error) {
+	return func(ctx context.Context) (*crashtest.World[Order, State], error) {
+		db := dbtest.Connect(t, dbtest.NewDatabase(t, dbtest.Options{}), 8)
+		if _, err := db.Exec(ctx, `
+			CREATE TABLE orders (id bigserial PRIMARY KEY, sku text NOT NULL, amount bigint NOT NULL);
+			CREATE TABLE reservations (order_id bigint NOT NULL, reservation_id text NOT NULL);
+			CREATE TABLE payments (order_id bigint NOT NULL, charge_id text NOT NULL)`); err != nil {
+			return nil, err
+		}
+		p := newProvider(t)
+		return &crashtest.World[Order, State]{
+			DB:       db,
+			Workflow: checkout(p, chargeKey),
+			Check:    func(ctx context.Context) error { return exactlyOnce(ctx, db, p) },
+		}, nil
+	}
+}
+
+func exactlyOnce(ctx context.Context, db *pgxpool.Pool, p *provider) error {
+	var orders, reservations, payments int
+	if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM reservations),
+		(SELECT count(*) FROM payments)`).Scan(&orders, &reservations, &payments); err != nil {
+		return err
+	}
+	var errs []error
+	if orders > 1 || reservations > 1 || payments > 1 {
+		errs = append(errs, fmt.Errorf("rows: %d orders, %d reservations, %d payments; want at most one each",
+			orders, reservations, payments))
+	}
+	if n := p.count("reservations"); n > 1 {
+		errs = append(errs, fmt.Errorf("%d stock reservations made for one order", n))
+	}
+	if n := p.count("charges"); n > 1 {
+		errs = append(errs, fmt.Errorf("%d charges made for one order", n))
+	}
+	return errors.Join(errs...)
+}
+
+func derived(c *foreign.Call[Order, State]) string { return c.Key }
+
+func TestCheckoutSurvivesEveryCrash(t *testing.T) {
+	t.Parallel()
+	report := crashtest.Run(t, crashtest.Case[Order, State]{
+		NewWorld: newWorld(t, derived),
+		Request:  Order{SKU: "sku-1", Amount: 1999},
+	})
+	require.NoError(t, report.Err())
+	require.JSONEq(t, `{"order_id":1,"reservation_id":"re_1","charge_id":"ch_1"}`, string(report.Response.Body))
+	require.Empty(t, report.Unreached)
+	require.Len(t, report.Points, 10, "every crash point of the definition: %v", report.Points)
+	require.Len(t, report.Outcomes, 20)
+	require.Equal(t, workflow.CrashPoints(checkout(nil, derived)), report.Points)
+}
+
+// TestHarnessCatchesIgnoredKey: a charge that ignores the derived key (a
+// fresh key per call) charges twice when it runs again after a crash, and
+// the harness must say so.
+func TestHarnessCatchesIgnoredKey(t *testing.T) {
+	t.Parallel()
+	report, err := crashtest.Explore(context.Background(), crashtest.Case[Order, State]{
+		NewWorld: newWorld(t, func(*foreign.Call[Order, State]) string { return uuid.NewString() }),
+		Request:  Order{SKU: "sku-1", Amount: 1999},
+	})
+	require.NoError(t, err, "the uncrashed run is fine")
+	failed := map[string]bool{}
+	for _, o := range report.Outcomes {
+		if o.Err != nil {
+			failed[o.Point.String()] = true
+			require.ErrorContains(t, o.Err, "2 charges made for one order")
+		}
+	}
+	require.True(t, failed["after charge's call"], "failures: %v", report.Err())
+	require.Error(t, report.Err())
+}

@@ -1,0 +1,30 @@
+// Package crashtest proves that a workflow survives a process death at any
+// point: for users' own workflows, against a real database.
+//
+// Explore runs the workflow once without crashing to learn its crash points
+// and its response. Then, for every crash point and in a fresh world each
+// time, it runs the workflow and stops the attempt at that point as a
+// process death would (no lease release, no cleanup), expires the lease
+// through a test hook instead of waiting it out, and recovers with a new
+// engine: once as the client's retry would (Engine.Run) and once as the
+// sweeper would (Engine.Resume). It checks that the recovered response
+// equals the uncrashed one and that the world's invariant holds. Then it
+// wakes the stopped attempt, as a paused process that resumes after its
+// lease was taken over: every write it tries must be fenced out, and the
+// invariant must still hold.
+//
+//	func TestCheckoutSurvivesCrashes(t *testing.T) {
+//		crashtest.Run(t, crashtest.Case[Order, State]{
+//			NewWorld: func(ctx context.Context) (*crashtest.World[Order, State], error) {
+//				db := freshMigratedDatabase(t)
+//				provider := newFakeProvider(t)
+//				return &crashtest.World[Order, State]{
+//					DB:       db,
+//					Workflow: checkout(provider),
+//					Check:    func(ctx context.Context) error { return exactlyOnce(ctx, db, provider) },
+//				}, nil
+//			},
+//			Request: Order{Amount: 1999},
+//		})
+//	}
+package crashtest
