@@ -1,0 +1,2 @@
+DROP TABLE {schema}.onceflow_processed;
+DROP TABLE {schema}.onceflow_outbox;

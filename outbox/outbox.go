@@ -1,0 +1,206 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/internal/dbschema"
+	"github.com/onceflow/onceflow/recovery"
+)
+
+// ErrInvalidInput reports a message or consumer name that breaks the input
+// rules; nothing is written.
+var ErrInvalidInput = recovery.ErrInvalidInput
+
+// ErrNotFound reports an unknown message id.
+var ErrNotFound = errors.New("outbox message not found")
+
+// DBTX runs statements: a pgx.Tx (to enqueue with a business change), a
+// *pgxpool.Pool or a *pgx.Conn.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Config says where the outbox tables are.
+type Config struct {
+	// Schema holds onceflow's tables; "" means "public".
+	Schema string
+}
+
+// Outbox writes and inspects messages.
+type Outbox struct {
+	sql *queries
+}
+
+// New returns an Outbox for the schema in cfg.
+func New(cfg Config) (*Outbox, error) {
+	schema, err := dbschema.Resolve(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	return &Outbox{sql: newQueries(schema)}, nil
+}
+
+// Message is a side effect to deliver at least once.
+type Message struct {
+	// Topic selects the handler.
+	Topic string
+	// DedupeKey is stable per effect (for example "receipt:" and the order
+	// id): enqueueing the same topic and key again does nothing, and a
+	// consumer drops a redelivery by it.
+	DedupeKey string
+	// Payload is encoded as JSON; a json.RawMessage is stored as given.
+	Payload any
+	// Headers are optional metadata for the handler.
+	Headers map[string]string
+}
+
+// Enqueue writes msgs with tx, normally the transaction of the business
+// change they belong to, so that they exist exactly when it does. A message
+// whose topic and dedupe key are already enqueued is skipped.
+func (o *Outbox) Enqueue(ctx context.Context, tx DBTX, msgs ...Message) error {
+	for _, m := range msgs {
+		if err := recovery.CheckName("topic", m.Topic); err != nil {
+			return err
+		}
+		if err := recovery.CheckName("dedupe key", m.DedupeKey); err != nil {
+			return err
+		}
+		payload, err := encodePayload(m.Payload)
+		if err != nil {
+			return err
+		}
+		headers, err := json.Marshal(m.Headers)
+		if err != nil {
+			return fmt.Errorf("%w: encode headers: %v", ErrInvalidInput, err)
+		}
+		if m.Headers == nil {
+			headers = []byte("{}")
+		}
+		if _, err := tx.Exec(ctx, o.sql.enqueue, m.Topic, m.DedupeKey, payload, headers); err != nil {
+			return fmt.Errorf("enqueue %s message: %w", m.Topic, err)
+		}
+	}
+	return nil
+}
+
+func encodePayload(p any) ([]byte, error) {
+	var raw []byte
+	switch v := p.(type) {
+	case json.RawMessage:
+		raw = v
+	default:
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("%w: encode payload: %v", ErrInvalidInput, err)
+		}
+		raw = b
+	}
+	if !json.Valid(raw) {
+		return nil, fmt.Errorf("%w: payload is not JSON", ErrInvalidInput)
+	}
+	return raw, nil
+}
+
+// Process runs fn in tx at most once per consumer and dedupe key: it first
+// records the key in tx, and when the key was recorded before (by an earlier
+// delivery that committed) it returns false without calling fn. Commit tx
+// after fn's writes: the record and the effect commit together. Concurrent
+// deliveries of one message wait for each other on the primary key.
+func (o *Outbox) Process(ctx context.Context, tx pgx.Tx, consumer, dedupeKey string, fn func() error) (bool, error) {
+	if err := recovery.CheckName("consumer", consumer); err != nil {
+		return false, err
+	}
+	if err := recovery.CheckName("dedupe key", dedupeKey); err != nil {
+		return false, err
+	}
+	tag, err := tx.Exec(ctx, o.sql.markProcessed, consumer, dedupeKey)
+	if err != nil {
+		return false, fmt.Errorf("record processed message: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return false, nil
+	}
+	return true, fn()
+}
+
+// Status is where a message is.
+type Status string
+
+const (
+	StatusPending   Status = "pending"
+	StatusDelivered Status = "delivered"
+	StatusDead      Status = "dead"
+)
+
+// Record is a message as the outbox holds it, and what a handler gets.
+type Record struct {
+	ID          int64             `json:"id"`
+	Topic       string            `json:"topic"`
+	DedupeKey   string            `json:"dedupe_key"`
+	Payload     json.RawMessage   `json:"payload"`
+	Headers     map[string]string `json:"headers"`
+	Status      Status            `json:"status"`
+	Attempts    int               `json:"attempts"`
+	AvailableAt time.Time         `json:"available_at"`
+	LastError   string            `json:"last_error,omitempty"`
+	CreatedAt   time.Time         `json:"created_at"`
+	DeliveredAt *time.Time        `json:"delivered_at,omitempty"`
+}
+
+// Filter selects messages to list. Zero fields match everything.
+type Filter struct {
+	Status Status
+	Topic  string
+	// Limit caps the result; 0 means 100.
+	Limit int
+}
+
+// List returns messages matching f, oldest first.
+func (o *Outbox) List(ctx context.Context, db DBTX, f Filter) ([]Record, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := db.Query(ctx, o.sql.list, string(f.Status), f.Topic, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list outbox: %w", err)
+	}
+	return pgx.CollectRows(rows, scanRecord)
+}
+
+func scanRecord(row pgx.CollectableRow) (Record, error) {
+	var (
+		s         Record
+		status    string
+		lastError *string
+	)
+	err := row.Scan(&s.ID, &s.Topic, &s.DedupeKey, &s.Payload, &s.Headers, &status, &s.Attempts,
+		&s.AvailableAt, &lastError, &s.CreatedAt, &s.DeliveredAt)
+	s.Status = Status(status)
+	if lastError != nil {
+		s.LastError = *lastError
+	}
+	return s, err
+}
+
+// Retry makes a dead or pending message deliverable now with a fresh count
+// of attempts. Delivered messages are left alone (ErrNotFound).
+func (o *Outbox) Retry(ctx context.Context, db DBTX, id int64) error {
+	tag, err := db.Exec(ctx, o.sql.retry, id)
+	if err != nil {
+		return fmt.Errorf("retry message %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("retry message %d: %w (or already delivered)", id, ErrNotFound)
+	}
+	return nil
+}

@@ -1,0 +1,246 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/internal/dbschema"
+)
+
+// Defaults for RelayConfig.
+const (
+	BatchSizeDefault   = 100
+	LeaseDefault       = time.Minute
+	MaxAttemptsDefault = 10
+	// maxBatchesPerRun keeps one RunOnce from running forever while
+	// messages keep arriving; the next run continues.
+	maxBatchesPerRun = 100
+)
+
+// Handler delivers one message. Returning an error (or panicking) schedules
+// a retry. It may be called more than once for a message: make the effect
+// once with Outbox.Process.
+type Handler func(ctx context.Context, m *Record) error
+
+// Observer is told what a relay did, for metrics. Its methods must be safe
+// for concurrent use.
+type Observer interface {
+	Delivered(topic string)
+	Retried(topic string)
+	Dead(topic string)
+}
+
+// RelayConfig configures a Relay.
+type RelayConfig struct {
+	// Schema holds onceflow's tables; "" means "public".
+	Schema string
+
+	// Handlers deliver messages by topic. The relay takes only messages of
+	// these topics; others wait for a relay that has their handler.
+	Handlers map[string]Handler
+
+	// BatchSize is how many messages one take hides. 0 means
+	// BatchSizeDefault.
+	BatchSize int
+
+	// Lease is how long a taken message stays hidden from other relays. A
+	// relay that dies leaves its batch to be taken again after it. 0 means
+	// LeaseDefault.
+	Lease time.Duration
+
+	// HandlerTimeout bounds one delivery. 0 means half the lease, so a
+	// delivery ends before its message can be taken again.
+	HandlerTimeout time.Duration
+
+	// MaxAttempts is how many deliveries may fail before the message is
+	// dead-lettered. 0 means MaxAttemptsDefault.
+	MaxAttempts int
+
+	// Backoff is the wait before retrying after the n-th failed attempt. nil
+	// means Backoff: exponential from one second, at most an hour, with
+	// jitter.
+	Backoff func(attempt int) time.Duration
+
+	// Logger receives failed and dead deliveries. nil discards them.
+	Logger *slog.Logger
+
+	// Observer, if set, is told of every outcome.
+	Observer Observer
+}
+
+// Backoff is the default retry wait after the attempt-th failure: one second
+// doubled per attempt, at most an hour, within ±20% at random so that
+// failures spread out.
+func Backoff(attempt int) time.Duration {
+	wait := time.Hour
+	if attempt < 13 {
+		wait = min(time.Second<<max(attempt-1, 0), time.Hour)
+	}
+	jitter := 0.8 + 0.4*rand.Float64()
+	return time.Duration(float64(wait) * jitter)
+}
+
+// Relay delivers messages at least once.
+type Relay struct {
+	db     DBTX
+	cfg    RelayConfig
+	topics []string
+	sql    *queries
+	logger *slog.Logger
+}
+
+// Stats counts what one run did.
+type Stats struct {
+	Delivered, Retried, Dead int
+}
+
+// NewRelay returns a relay for the topics in cfg.Handlers.
+func NewRelay(db DBTX, cfg RelayConfig) (*Relay, error) {
+	schema, err := dbschema.Resolve(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.Handlers) == 0 {
+		return nil, fmt.Errorf("%w: a relay needs at least one handler", ErrInvalidInput)
+	}
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, BatchSizeDefault)
+	cfg.Lease = cmp.Or(cfg.Lease, LeaseDefault)
+	cfg.HandlerTimeout = cmp.Or(cfg.HandlerTimeout, cfg.Lease/2)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault)
+	if cfg.Backoff == nil {
+		cfg.Backoff = Backoff
+	}
+	if cfg.BatchSize < 0 || cfg.Lease < time.Millisecond || cfg.MaxAttempts < 1 {
+		return nil, fmt.Errorf("%w: relay batch size, lease and max attempts must be positive", ErrInvalidInput)
+	}
+	return &Relay{
+		db:     db,
+		cfg:    cfg,
+		topics: slices.Sorted(maps.Keys(cfg.Handlers)),
+		sql:    newQueries(schema),
+		logger: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+	}, nil
+}
+
+// RunOnce delivers due messages, batch after batch, until none is due (or
+// a bounded number of batches ran). If ctx ends mid-batch, the messages not
+// yet delivered are made available again at once.
+func (r *Relay) RunOnce(ctx context.Context) (Stats, error) {
+	var stats Stats
+	for range maxBatchesPerRun {
+		batch, err := r.take(ctx)
+		if err != nil {
+			return stats, err
+		}
+		for i := range batch {
+			if ctx.Err() != nil {
+				r.giveBack(batch[i:])
+				return stats, ctx.Err()
+			}
+			r.deliver(ctx, &batch[i], &stats)
+		}
+		if len(batch) < r.cfg.BatchSize {
+			return stats, nil
+		}
+	}
+	return stats, nil
+}
+
+func (r *Relay) take(ctx context.Context) ([]Record, error) {
+	rows, err := r.db.Query(ctx, r.sql.take, r.cfg.BatchSize, r.cfg.Lease.Microseconds(), r.topics)
+	if err != nil {
+		return nil, fmt.Errorf("take outbox batch: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, scanRecord)
+	if err != nil {
+		return nil, fmt.Errorf("take outbox batch: %w", err)
+	}
+	slices.SortFunc(batch, func(a, b Record) int { return cmp.Compare(a.ID, b.ID) })
+	return batch, nil
+}
+
+// deliver hands m to its handler and records the outcome, guarded by the
+// attempt it took the message at.
+func (r *Relay) deliver(ctx context.Context, m *Record, stats *Stats) {
+	err := r.call(ctx, m)
+	if err != nil && ctx.Err() != nil {
+		r.giveBack([]Record{*m}) // the relay is stopping, not the handler failing
+		return
+	}
+	// The outcome is written even if ctx ended meanwhile.
+	writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	attrs := []any{slog.Int64("id", m.ID), slog.String("topic", m.Topic), slog.Int("attempt", m.Attempts)}
+	switch {
+	case err == nil:
+		if _, werr := r.db.Exec(writeCtx, r.sql.delivered, m.ID, m.Attempts); werr != nil {
+			r.logger.WarnContext(ctx, "could not mark a delivered message; it will be delivered again",
+				append(attrs, slog.Any("error", werr))...)
+			return
+		}
+		stats.Delivered++
+		r.observe(Observer.Delivered, m.Topic)
+	case m.Attempts >= r.cfg.MaxAttempts:
+		if _, werr := r.db.Exec(writeCtx, r.sql.dead, m.ID, m.Attempts, err.Error()); werr != nil {
+			r.logger.WarnContext(ctx, "could not dead-letter a message", append(attrs, slog.Any("error", werr))...)
+			return
+		}
+		stats.Dead++
+		r.observe(Observer.Dead, m.Topic)
+		r.logger.ErrorContext(ctx, "outbox message dead-lettered", append(attrs, slog.Any("error", err))...)
+	default:
+		wait := r.cfg.Backoff(m.Attempts)
+		if _, werr := r.db.Exec(writeCtx, r.sql.retryLater, m.ID, m.Attempts, wait.Microseconds(), err.Error()); werr != nil {
+			r.logger.WarnContext(ctx, "could not schedule a retry", append(attrs, slog.Any("error", werr))...)
+			return
+		}
+		stats.Retried++
+		r.observe(Observer.Retried, m.Topic)
+		r.logger.WarnContext(ctx, "outbox delivery failed; will retry",
+			append(attrs, slog.Duration("after", wait), slog.Any("error", err))...)
+	}
+}
+
+// call runs the handler with a timeout, turning a panic into an error.
+func (r *Relay) call(ctx context.Context, m *Record) (err error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.HandlerTimeout)
+	defer cancel()
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("handler panicked: %v", v)
+			r.logger.ErrorContext(ctx, "outbox handler panicked", slog.Int64("id", m.ID), slog.String("topic", m.Topic),
+				slog.Any("panic", v), slog.String("stack", string(debug.Stack())))
+		}
+	}()
+	handler := r.cfg.Handlers[m.Topic]
+	if handler == nil {
+		return errors.New("no handler for topic " + m.Topic)
+	}
+	return handler(ctx, m)
+}
+
+// giveBack makes taken messages available again at once, for a relay that
+// stops mid-batch.
+func (r *Relay) giveBack(batch []Record) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, m := range batch {
+		_, _ = r.db.Exec(ctx, r.sql.giveBack, m.ID, m.Attempts)
+	}
+}
+
+func (r *Relay) observe(event func(Observer, string), topic string) {
+	if r.cfg.Observer != nil {
+		event(r.cfg.Observer, topic)
+	}
+}

@@ -1,0 +1,78 @@
+package outbox
+
+import (
+	"strings"
+
+	"github.com/onceflow/onceflow/internal/dbschema"
+)
+
+const recordColumns = `id, topic, dedupe_key, payload, headers, status, attempts, available_at, last_error,
+	created_at, delivered_at`
+
+const (
+	enqueueSQL = `INSERT INTO {outbox} (topic, dedupe_key, payload, headers) VALUES ($1, $2, $3::json, $4::jsonb)
+ON CONFLICT (topic, dedupe_key) DO NOTHING`
+
+	markProcessedSQL = `INSERT INTO {processed} (consumer, dedupe_key) VALUES ($1, $2)
+ON CONFLICT (consumer, dedupe_key) DO NOTHING`
+
+	// takeSQL hides a batch of due messages of the relay's topics for a
+	// lease and counts the attempt. SKIP LOCKED lets relays share the work.
+	// $1 batch size, $2 lease in microseconds, $3 topics.
+	takeSQL = `UPDATE {outbox} SET available_at = clock_timestamp() + $2::bigint * interval '1 microsecond',
+    attempts = attempts + 1
+WHERE id IN (
+    SELECT id FROM {outbox}
+    WHERE status = 'pending' AND available_at <= clock_timestamp() AND topic = ANY($3)
+    ORDER BY available_at, id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING ` + recordColumns
+
+	// The outcome of a delivery is written only if the message is still as
+	// the relay took it: pending, at the attempt it counted.
+	deliveredSQL = `UPDATE {outbox} SET status = 'delivered', delivered_at = clock_timestamp(), last_error = NULL
+WHERE id = $1 AND attempts = $2 AND status = 'pending'`
+
+	retryLaterSQL = `UPDATE {outbox} SET available_at = clock_timestamp() + $3::bigint * interval '1 microsecond',
+    last_error = $4
+WHERE id = $1 AND attempts = $2 AND status = 'pending'`
+
+	deadSQL = `UPDATE {outbox} SET status = 'dead', last_error = $3
+WHERE id = $1 AND attempts = $2 AND status = 'pending'`
+
+	// giveBack makes a taken message available at once; the attempt it
+	// was taken at is not counted.
+	giveBackSQL = `UPDATE {outbox} SET available_at = clock_timestamp(), attempts = attempts - 1
+WHERE id = $1 AND attempts = $2 AND status = 'pending'`
+
+	listSQL = `SELECT ` + recordColumns + ` FROM {outbox}
+WHERE ($1 = '' OR status = $1) AND ($2 = '' OR topic = $2)
+ORDER BY id LIMIT $3`
+
+	retrySQL = `UPDATE {outbox} SET status = 'pending', attempts = 0, available_at = clock_timestamp(), last_error = NULL
+WHERE id = $1 AND status <> 'delivered'`
+)
+
+type queries struct {
+	enqueue, markProcessed, take, delivered, retryLater, dead, giveBack, list, retry string
+}
+
+func newQueries(schema string) *queries {
+	expand := func(sql string) string {
+		sql = strings.NewReplacer("{outbox}", "{schema}.onceflow_outbox", "{processed}", "{schema}.onceflow_processed").Replace(sql)
+		return dbschema.Expand(sql, schema)
+	}
+	return &queries{
+		enqueue:       expand(enqueueSQL),
+		markProcessed: expand(markProcessedSQL),
+		take:          expand(takeSQL),
+		delivered:     expand(deliveredSQL),
+		retryLater:    expand(retryLaterSQL),
+		dead:          expand(deadSQL),
+		giveBack:      expand(giveBackSQL),
+		list:          expand(listSQL),
+		retry:         expand(retrySQL),
+	}
+}
