@@ -147,6 +147,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, tx pgx.Tx) (*Result,
 		store = store.WithTx(tx)
 	}
 	rec, outcome, err := a.claim(ctx, store)
+	a.e.observeClaim(a.w.name, outcome, err)
 	if err != nil || outcome == recovery.OutcomeReplay {
 		rollback(tx) // the claim wrote nothing
 		if err != nil {
@@ -185,7 +186,9 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, tx pgx.Tx, step phase.
 	// While the claim is uncommitted in tx, the row is locked by this
 	// attempt and no takeover is possible: no heartbeat is needed.
 	stepCtx, stop := a.heartbeat(ctx, step.Name(), !a.claimOpen)
+	started := time.Now()
 	err := step.RunAtomic(stepCtx, tx, &a.run)
+	a.e.observeStep(a.w.name, step.Name(), started, err)
 	if lost := stop(); lost != nil {
 		err = lost
 	}
@@ -211,7 +214,9 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, tx pgx.Tx, step phase.
 // committed with the next atomic phase, or right away when none follows.
 func (a *attempt[Req, State]) foreign(ctx context.Context, step phase.Step[Req, State]) (*Result, error) {
 	stepCtx, stop := a.heartbeat(ctx, step.Name(), true)
+	started := time.Now()
 	err := step.RunForeign(stepCtx, &a.run)
+	a.e.observeStep(a.w.name, step.Name(), started, err)
 	if lost := stop(); lost != nil {
 		err = lost
 	}
@@ -318,6 +323,7 @@ func (a *attempt[Req, State]) failed(ctx context.Context, tx pgx.Tx, step string
 	case errors.Is(cause, ErrCrashed):
 		return nil, cause
 	case errors.Is(cause, ErrLeaseLost):
+		a.e.observeLeaseLost(a.w.name)
 		a.e.logger.WarnContext(ctx, "lease lost; this attempt's uncommitted writes rolled back", a.logAttrs(step)...)
 		return nil, stepErr
 	case errors.As(cause, &panicErr):

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -53,6 +55,10 @@ type Config struct {
 	// Hooks let tests stop attempts at crash points and watch the lease
 	// heartbeat. Leave nil in production.
 	Hooks *Hooks
+
+	// Observer, if set, is told of claims, step durations and lost leases,
+	// for metrics.
+	Observer Observer
 }
 
 // Engine runs workflows under idempotency keys. It is safe for concurrent
@@ -64,6 +70,7 @@ type Engine struct {
 	maxAttempts int
 	logger      *slog.Logger
 	hooks       Hooks
+	observer    Observer
 
 	mu        sync.RWMutex
 	workflows map[string]Definition
@@ -106,6 +113,7 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 		lease:       store.Lease(),
 		maxAttempts: cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault),
 		logger:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		observer:    cfg.Observer,
 		workflows:   map[string]Definition{},
 	}
 	if cfg.Hooks != nil {
@@ -130,6 +138,13 @@ func (e *Engine) Register(defs ...Definition) error {
 		e.workflows[d.Name()] = d
 	}
 	return nil
+}
+
+// Workflows returns the names of the registered workflows, sorted.
+func (e *Engine) Workflows() []string {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return slices.Sorted(maps.Keys(e.workflows))
 }
 
 func (e *Engine) workflow(name string) (Definition, bool) {

@@ -1,0 +1,168 @@
+// Package metrics exposes what onceflow does as Prometheus metrics.
+//
+// A *Metrics is an observer for the workflow engine (workflow.Config
+// Observer), the outbox relay (outbox.RelayConfig Observer) and the sweeper
+// (sweeper.Config, PrunerConfig and CompleterConfig Observer). Its
+// collectors live in a registry of their own: serve Handler on an address of
+// your choosing, or register them with yours (Collectors).
+//
+//	m := metrics.New()
+//	engine, _ := workflow.NewEngine(pool, workflow.Config{Observer: m})
+//	http.Handle("/metrics", m.Handler())
+package metrics
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/sweeper"
+	"github.com/onceflow/onceflow/workflow"
+)
+
+// Metrics holds onceflow's collectors.
+type Metrics struct {
+	registry    *prometheus.Registry
+	claims      *prometheus.CounterVec
+	leaseLost   *prometheus.CounterVec
+	steps       *prometheus.HistogramVec
+	resumes     *prometheus.CounterVec
+	pruned      *prometheus.CounterVec
+	outbox      *prometheus.CounterVec
+	abandoned   *prometheus.GaugeVec
+	oldest      prometheus.Gauge
+	taskRuns    *prometheus.CounterVec
+	taskSeconds *prometheus.HistogramVec
+}
+
+// New returns metrics registered in a registry of their own, together with
+// the Go runtime and process collectors.
+func New() *Metrics {
+	m := &Metrics{
+		registry: prometheus.NewRegistry(),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_claims_total",
+			Help: "Requests carrying an idempotency key, by how they found it: new, replay, conflict, mismatch or takeover.",
+		}, []string{"workflow", "outcome"}),
+		leaseLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_lease_lost_total",
+			Help: "Attempts that found their key taken over and stopped.",
+		}, []string{"workflow"}),
+		steps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "onceflow_step_duration_seconds",
+			Help:    "How long workflow steps ran, by result (ok or error).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"workflow", "step", "result"}),
+		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_resumes_total",
+			Help: "Abandoned records the completer resumed, by result (ok or error).",
+		}, []string{"workflow", "result"}),
+		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_pruned_rows_total",
+			Help: "Rows the pruner deleted.",
+		}, []string{"table"}),
+		outbox: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_outbox_messages_total",
+			Help: "Outbox deliveries by outcome: delivered, retried or dead.",
+		}, []string{"topic", "outcome"}),
+		abandoned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "onceflow_abandoned_records",
+			Help: "Expired records in flight of workflows the sweeper cannot resume.",
+		}, []string{"workflow"}),
+		oldest: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onceflow_oldest_in_flight_seconds",
+			Help: "Age of the oldest record in flight; 0 when none is.",
+		}),
+		taskRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_sweeper_task_runs_total",
+			Help: "Sweeper task runs by result (ok or error).",
+		}, []string{"task", "result"}),
+		taskSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "onceflow_sweeper_task_duration_seconds",
+			Help:    "How long sweeper task runs took.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"task"}),
+	}
+	m.registry.MustRegister(m.Collectors()...)
+	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Collectors returns onceflow's collectors, to register with a registry of
+// your own.
+func (m *Metrics) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.claims, m.leaseLost, m.steps, m.resumes, m.pruned, m.outbox, m.abandoned,
+		m.oldest, m.taskRuns, m.taskSeconds}
+}
+
+// Registry returns the registry New created.
+func (m *Metrics) Registry() *prometheus.Registry { return m.registry }
+
+// Handler serves the registry in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{Registry: m.registry})
+}
+
+func result(err error) string {
+	if err != nil {
+		return "error"
+	}
+	return "ok"
+}
+
+// Claimed counts a claim (workflow.Observer).
+func (m *Metrics) Claimed(workflow, outcome string) {
+	m.claims.WithLabelValues(workflow, outcome).Inc()
+}
+
+// StepFinished times a step (workflow.Observer).
+func (m *Metrics) StepFinished(workflow, step string, took time.Duration, err error) {
+	m.steps.WithLabelValues(workflow, step, result(err)).Observe(took.Seconds())
+}
+
+// LeaseLost counts a lost lease (workflow.Observer).
+func (m *Metrics) LeaseLost(workflow string) { m.leaseLost.WithLabelValues(workflow).Inc() }
+
+// Delivered counts a delivered message (outbox.Observer).
+func (m *Metrics) Delivered(topic string) { m.outbox.WithLabelValues(topic, "delivered").Inc() }
+
+// Retried counts a failed delivery to be retried (outbox.Observer).
+func (m *Metrics) Retried(topic string) { m.outbox.WithLabelValues(topic, "retried").Inc() }
+
+// Dead counts a dead-lettered message (outbox.Observer).
+func (m *Metrics) Dead(topic string) { m.outbox.WithLabelValues(topic, "dead").Inc() }
+
+// TaskRan counts and times a sweeper task run (sweeper.Observer).
+func (m *Metrics) TaskRan(task string, took time.Duration, err error) {
+	m.taskRuns.WithLabelValues(task, result(err)).Inc()
+	m.taskSeconds.WithLabelValues(task).Observe(took.Seconds())
+}
+
+// Pruned counts pruned rows (sweeper.Observer).
+func (m *Metrics) Pruned(table string, rows int) { m.pruned.WithLabelValues(table).Add(float64(rows)) }
+
+// Resumed counts a resumed record (sweeper.Observer).
+func (m *Metrics) Resumed(workflow string, err error) {
+	m.resumes.WithLabelValues(workflow, result(err)).Inc()
+}
+
+// Abandoned sets the count of records no known workflow can resume
+// (sweeper.Observer).
+func (m *Metrics) Abandoned(workflow string, records int) {
+	m.abandoned.WithLabelValues(workflow).Set(float64(records))
+}
+
+// OldestInFlight sets the age of the oldest record in flight
+// (sweeper.Observer).
+func (m *Metrics) OldestInFlight(age time.Duration) { m.oldest.Set(age.Seconds()) }
+
+// Metrics observes every part of onceflow that reports.
+var (
+	_ workflow.Observer = (*Metrics)(nil)
+	_ outbox.Observer   = (*Metrics)(nil)
+	_ sweeper.Observer  = (*Metrics)(nil)
+)

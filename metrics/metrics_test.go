@@ -1,0 +1,117 @@
+package metrics_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/metrics"
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/sweeper"
+	"github.com/onceflow/onceflow/workflow"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+type req struct{ N int }
+type state struct{ Done bool }
+
+// TestMetricsOverHTTP drives the engine, a relay and a pruner with one
+// Metrics and scrapes them over HTTP.
+func TestMetricsOverHTTP(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.NewPool(t, 8)
+	m := metrics.New()
+	fail := true
+	wf := workflow.Define("pay",
+		phase.Atomic("write", func(context.Context, pgx.Tx, *phase.Run[req, state]) error { return nil }),
+		foreign.Mutation("call", func(_ context.Context, c *foreign.Call[req, state]) error {
+			if fail {
+				fail = false
+				return errors.New("provider timeout")
+			}
+			c.State.Done = true
+			return nil
+		}),
+	)
+	engine, err := workflow.NewEngine(db, workflow.Config{Observer: m})
+	require.NoError(t, err)
+	key := workflow.Key{Tenant: "acme", ID: "k1"}
+	_, err = engine.Run(ctx, key, wf, req{1}) // new, then the call fails
+	require.Error(t, err)
+	_, err = engine.Run(ctx, key, wf, req{1}) // takeover
+	require.NoError(t, err)
+	_, err = engine.Run(ctx, key, wf, req{1}) // replay
+	require.NoError(t, err)
+	_, err = engine.Run(ctx, key, wf, req{2}) // mismatch
+	require.ErrorIs(t, err, workflow.ErrMismatch)
+
+	ob, err := outbox.New(outbox.Config{})
+	require.NoError(t, err)
+	require.NoError(t, ob.Enqueue(ctx, db, outbox.Message{Topic: "receipt", DedupeKey: "r1", Payload: 1}))
+	relay, err := outbox.NewRelay(db, outbox.RelayConfig{Observer: m,
+		Handlers: map[string]outbox.Handler{"receipt": func(context.Context, *outbox.Record) error { return nil }}})
+	require.NoError(t, err)
+	_, err = relay.RunOnce(ctx)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `UPDATE onceflow_keys SET completed_at = now() - interval '2 days'`)
+	require.NoError(t, err)
+	pruner, err := sweeper.NewPruner(db, sweeper.PrunerConfig{Observer: m, Pause: -1})
+	require.NoError(t, err)
+	s, err := sweeper.New(sweeper.Config{Observer: m, Tasks: []sweeper.Scheduled{{Schedule: "@hourly", Task: pruner}}})
+	require.NoError(t, err)
+	s.RunNow(ctx)
+	m.OldestInFlight(0)
+
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for _, line := range []string{
+		`onceflow_claims_total{outcome="new",workflow="pay"} 1`,
+		`onceflow_claims_total{outcome="takeover",workflow="pay"} 1`,
+		`onceflow_claims_total{outcome="replay",workflow="pay"} 1`,
+		`onceflow_claims_total{outcome="mismatch",workflow="pay"} 1`,
+		`onceflow_step_duration_seconds_count{result="error",step="call",workflow="pay"} 1`,
+		`onceflow_step_duration_seconds_count{result="ok",step="call",workflow="pay"} 1`,
+		`onceflow_outbox_messages_total{outcome="delivered",topic="receipt"} 1`,
+		`onceflow_pruned_rows_total{table="onceflow_keys"} 1`,
+		`onceflow_sweeper_task_runs_total{result="ok",task="pruner"} 1`,
+		`onceflow_oldest_in_flight_seconds 0`,
+		`go_goroutines`,
+	} {
+		require.Contains(t, string(body), line)
+	}
+}
+
+func TestHealth(t *testing.T) {
+	t.Parallel()
+	db := dbtest.NewPool(t, 2)
+	srv := httptest.NewServer(sweeper.Health(db))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	db.Close()
+	resp, err = http.Get(srv.URL)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	require.Contains(t, string(body), "unavailable")
+}

@@ -1,0 +1,249 @@
+package sweeper
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/internal/dbschema"
+	"github.com/onceflow/onceflow/workflow"
+)
+
+// Defaults for CompleterConfig.
+const (
+	CompleteBatchDefault   = 100
+	ConcurrencyDefault     = 4
+	BackoffBaseDefault     = time.Second
+	BackoffMaxDefault      = time.Hour
+	completerReportTimeout = 10 * time.Second
+)
+
+// CompleterConfig configures a Completer.
+type CompleterConfig struct {
+	// Schema holds onceflow's tables; "" means "public".
+	Schema string
+
+	// BatchSize is how many records one run resumes at most. 0 means
+	// CompleteBatchDefault.
+	BatchSize int
+
+	// Concurrency is how many records are resumed at once. 0 means
+	// ConcurrencyDefault.
+	Concurrency int
+
+	// BackoffBase and BackoffMax space out resumptions of a record that
+	// keeps failing: it is resumed no sooner than BackoffBase × 2^attempts
+	// (at most BackoffMax) after its last update. 0 means BackoffBaseDefault
+	// (1s) and BackoffMaxDefault (1h); a negative BackoffBase resumes every
+	// expired record at once.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+
+	Logger   *slog.Logger
+	Observer Observer
+}
+
+// Completer finishes work whose client went away: it finds records in
+// flight whose lease expired, takes each over (fenced, with a new owner
+// token) and resumes it through the engine's registered workflows. Records
+// of workflows the engine does not know are reported, not touched.
+type Completer struct {
+	db       DBTX
+	engine   *workflow.Engine
+	cfg      CompleterConfig
+	sql      completerSQL
+	logger   *slog.Logger
+	observer Observer
+
+	mu        sync.Mutex
+	abandoned map[string]bool // workflows reported abandoned last run
+}
+
+type completerSQL struct{ due, abandoned, oldest string }
+
+// NewCompleter returns a completer that resumes through engine. With a nil
+// engine it only reports abandoned records and the oldest one in flight,
+// for deployments whose workflows live in another binary.
+func NewCompleter(db DBTX, engine *workflow.Engine, cfg CompleterConfig) (*Completer, error) {
+	schema, err := dbschema.Resolve(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, CompleteBatchDefault)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, ConcurrencyDefault)
+	cfg.BackoffBase = cmp.Or(cfg.BackoffBase, BackoffBaseDefault)
+	cfg.BackoffMax = cmp.Or(cfg.BackoffMax, BackoffMaxDefault)
+	if cfg.BatchSize < 0 || cfg.Concurrency < 0 {
+		return nil, errors.New("sweeper: completer batch size and concurrency must be positive")
+	}
+	return &Completer{
+		db:     db,
+		engine: engine,
+		cfg:    cfg,
+		sql: completerSQL{
+			due:       dbschema.Expand(dueSQL, schema),
+			abandoned: dbschema.Expand(abandonedSQL, schema),
+			oldest:    dbschema.Expand(oldestSQL, schema),
+		},
+		logger:    cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		observer:  cfg.Observer,
+		abandoned: map[string]bool{},
+	}, nil
+}
+
+// Name is "completer".
+func (c *Completer) Name() string { return "completer" }
+
+// dueSQL finds expired records of known workflows whose backoff has passed
+// (the doubling stops at 2^30, far past any cap). $1 workflows, $2 backoff
+// base and $3 backoff cap in microseconds, $4 limit.
+const dueSQL = `
+SELECT tenant_id, key, workflow FROM {schema}.onceflow_keys
+WHERE status = 'in_flight' AND locked_until < clock_timestamp() AND workflow = ANY($1)
+  AND updated_at + least($2::bigint * power(2, least(attempts, 30)), $3::bigint) * interval '1 microsecond'
+      <= clock_timestamp()
+ORDER BY locked_until
+LIMIT $4`
+
+// abandonedSQL counts expired records no known workflow can resume.
+const abandonedSQL = `
+SELECT workflow, count(*) FROM {schema}.onceflow_keys
+WHERE status = 'in_flight' AND locked_until < clock_timestamp() AND NOT (workflow = ANY($1))
+GROUP BY workflow`
+
+const oldestSQL = `
+SELECT coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
+FROM {schema}.onceflow_keys WHERE status = 'in_flight'`
+
+// Run resumes one batch of due records, then reports what it cannot resume
+// and the age of the oldest record in flight.
+func (c *Completer) Run(ctx context.Context) error {
+	var known []string
+	if c.engine != nil {
+		known = c.engine.Workflows()
+	}
+	var errs []error
+	if len(known) > 0 {
+		errs = append(errs, c.resumeDue(ctx, known))
+	}
+	errs = append(errs, c.report(ctx, known))
+	return errors.Join(errs...)
+}
+
+func (c *Completer) resumeDue(ctx context.Context, known []string) error {
+	base := c.cfg.BackoffBase
+	if base < 0 {
+		base = 0
+	}
+	rows, err := c.db.Query(ctx, c.sql.due, known, base.Microseconds(), c.cfg.BackoffMax.Microseconds(), c.cfg.BatchSize)
+	if err != nil {
+		return fmt.Errorf("find expired records: %w", err)
+	}
+	due, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (dueRecord, error) {
+		var d dueRecord
+		return d, row.Scan(&d.key.Tenant, &d.key.ID, &d.workflow)
+	})
+	if err != nil {
+		return fmt.Errorf("find expired records: %w", err)
+	}
+	var (
+		wg  sync.WaitGroup
+		sem = make(chan struct{}, c.cfg.Concurrency)
+	)
+	for _, d := range due {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return ctx.Err()
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			c.resume(ctx, d)
+		})
+	}
+	wg.Wait()
+	return nil
+}
+
+// dueRecord is an expired record the completer will resume.
+type dueRecord struct {
+	key      workflow.Key
+	workflow string
+}
+
+func (c *Completer) resume(ctx context.Context, d dueRecord) {
+	res, err := c.engine.Resume(ctx, d.key)
+	attrs := []any{slog.String("workflow", d.workflow), slog.String("tenant", d.key.Tenant), slog.String("key", d.key.ID)}
+	switch {
+	case errors.Is(err, workflow.ErrInFlight), errors.Is(err, workflow.ErrNotFound):
+		return // another sweeper or a client retry got there first
+	case err != nil:
+		c.logger.WarnContext(ctx, "could not complete an abandoned record", append(attrs, slog.Any("error", err))...)
+	case res.Replayed:
+		return
+	default:
+		c.logger.InfoContext(ctx, "completed an abandoned record",
+			append(attrs, slog.String("after", res.ResumedFrom), slog.Int("status", res.Response.Status))...)
+	}
+	if c.observer != nil {
+		c.observer.Resumed(d.workflow, err)
+	}
+}
+
+// report tells the observer and the log about records no known workflow can
+// resume, and about the oldest record in flight.
+func (c *Completer) report(ctx context.Context, known []string) error {
+	ctx, cancel := context.WithTimeout(ctx, completerReportTimeout)
+	defer cancel()
+	if known == nil {
+		known = []string{}
+	}
+	rows, err := c.db.Query(ctx, c.sql.abandoned, known)
+	if err != nil {
+		return fmt.Errorf("count abandoned records: %w", err)
+	}
+	counts := map[string]int{}
+	var (
+		name string
+		n    int
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&name, &n}, func() error { counts[name] = n; return nil }); err != nil {
+		return fmt.Errorf("count abandoned records: %w", err)
+	}
+	c.mu.Lock()
+	for name, n := range counts {
+		c.logger.WarnContext(ctx, "abandoned records of a workflow this sweeper cannot resume",
+			slog.String("workflow", name), slog.Int("records", n))
+		c.observeAbandoned(name, n)
+		c.abandoned[name] = true
+	}
+	for name := range c.abandoned {
+		if _, still := counts[name]; !still {
+			c.observeAbandoned(name, 0)
+			delete(c.abandoned, name)
+		}
+	}
+	c.mu.Unlock()
+
+	var seconds float64
+	if err := c.db.QueryRow(ctx, c.sql.oldest).Scan(&seconds); err != nil {
+		return fmt.Errorf("age of the oldest record in flight: %w", err)
+	}
+	if c.observer != nil {
+		c.observer.OldestInFlight(time.Duration(seconds * float64(time.Second)))
+	}
+	return nil
+}
+
+func (c *Completer) observeAbandoned(name string, n int) {
+	if c.observer != nil {
+		c.observer.Abandoned(name, n)
+	}
+}

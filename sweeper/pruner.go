@@ -1,0 +1,199 @@
+package sweeper
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/internal/dbschema"
+)
+
+// Defaults for PrunerConfig.
+const (
+	RetentionDefault    = 24 * time.Hour
+	PruneBatchDefault   = 1000
+	QueryTimeoutDefault = 10 * time.Second
+	PauseDefault        = 100 * time.Millisecond
+	minPruneBatch       = 10
+	// maxTimeouts is how many statements in a row may time out at the
+	// smallest batch before a run gives up until its next turn.
+	maxTimeouts = 3
+)
+
+// DBTX runs statements; *pgxpool.Pool satisfies it.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// PrunerConfig configures a Pruner.
+type PrunerConfig struct {
+	// Schema holds onceflow's tables; "" means "public".
+	Schema string
+
+	// Retention is how long a completed or failed record is kept after it
+	// finished, so that retries keep getting its response. 0 means
+	// RetentionDefault (24h). A key reused after its record was pruned is a
+	// new request.
+	Retention time.Duration
+
+	// OutboxRetention is how long a delivered outbox message is kept. 0
+	// means Retention; -1 keeps them. Dead messages are always kept.
+	OutboxRetention time.Duration
+
+	// BatchSize is how many rows one statement deletes at most. 0 means
+	// PruneBatchDefault. After a statement times out, the pruner halves it
+	// (down to 10) for the rest of the run.
+	BatchSize int
+
+	// QueryTimeout bounds each statement. 0 means QueryTimeoutDefault.
+	QueryTimeout time.Duration
+
+	// Pause is the wait between batches, with ±50% jitter, to leave room
+	// for the database's other work. 0 means PauseDefault; -1 means none.
+	Pause time.Duration
+
+	Logger   *slog.Logger
+	Observer Observer
+}
+
+// Pruner deletes records that finished longer ago than the retention, in
+// bounded, time-boxed batches. It never touches a record in flight.
+type Pruner struct {
+	db       DBTX
+	cfg      PrunerConfig
+	keys     string
+	outbox   string
+	logger   *slog.Logger
+	observer Observer
+}
+
+// NewPruner returns a pruner.
+func NewPruner(db DBTX, cfg PrunerConfig) (*Pruner, error) {
+	schema, err := dbschema.Resolve(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Retention = cmp.Or(cfg.Retention, RetentionDefault)
+	cfg.OutboxRetention = cmp.Or(cfg.OutboxRetention, cfg.Retention)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, PruneBatchDefault)
+	cfg.QueryTimeout = cmp.Or(cfg.QueryTimeout, QueryTimeoutDefault)
+	cfg.Pause = cmp.Or(cfg.Pause, PauseDefault)
+	if cfg.Retention < 0 || cfg.BatchSize < 0 || cfg.QueryTimeout < 0 {
+		return nil, errors.New("sweeper: pruner retention, batch size and query timeout must be positive")
+	}
+	return &Pruner{
+		db:       db,
+		cfg:      cfg,
+		keys:     dbschema.Expand(pruneKeysSQL, schema),
+		outbox:   dbschema.Expand(pruneOutboxSQL, schema),
+		logger:   cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		observer: cfg.Observer,
+	}, nil
+}
+
+// Name is "pruner".
+func (p *Pruner) Name() string { return "pruner" }
+
+// pruneKeysSQL deletes a batch of records finished before the retention.
+// A finished record never goes back in flight, and the WHERE clause says so
+// again at delete time. Rows another pruner holds are skipped.
+const pruneKeysSQL = `
+WITH doomed AS (
+    SELECT tenant_id, key FROM {schema}.onceflow_keys
+    WHERE status <> 'in_flight' AND completed_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+    ORDER BY completed_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.onceflow_keys k USING doomed d
+WHERE k.tenant_id = d.tenant_id AND k.key = d.key AND k.status <> 'in_flight'`
+
+const pruneOutboxSQL = `
+DELETE FROM {schema}.onceflow_outbox WHERE id IN (
+    SELECT id FROM {schema}.onceflow_outbox
+    WHERE status = 'delivered' AND delivered_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+    ORDER BY delivered_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)`
+
+// Run prunes until nothing is due, ctx ends, or a statement fails other
+// than by timing out.
+func (p *Pruner) Run(ctx context.Context) error {
+	if _, err := p.prune(ctx, "onceflow_keys", p.keys, p.cfg.Retention); err != nil {
+		return err
+	}
+	if p.cfg.OutboxRetention < 0 {
+		return nil
+	}
+	_, err := p.prune(ctx, "onceflow_outbox", p.outbox, p.cfg.OutboxRetention)
+	return err
+}
+
+func (p *Pruner) prune(ctx context.Context, table, sql string, retention time.Duration) (int, error) {
+	total, batch, timeouts := 0, p.cfg.BatchSize, 0
+	for ctx.Err() == nil {
+		qctx, cancel := context.WithTimeout(ctx, p.cfg.QueryTimeout)
+		tag, err := p.db.Exec(qctx, sql, retention.Microseconds(), batch)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil && timedOut(err):
+			if batch == minPruneBatch {
+				if timeouts++; timeouts >= maxTimeouts {
+					return total, fmt.Errorf("prune %s: %d batches of %d timed out in a row: %w", table, timeouts, batch, err)
+				}
+			}
+			batch = max(batch/2, minPruneBatch)
+			p.logger.WarnContext(ctx, "prune batch timed out; smaller batches from now on",
+				slog.String("table", table), slog.Int("batch", batch))
+		case err != nil:
+			return total, fmt.Errorf("prune %s: %w", table, err)
+		default:
+			timeouts = 0
+			n := int(tag.RowsAffected())
+			total += n
+			if p.observer != nil && n > 0 {
+				p.observer.Pruned(table, n)
+			}
+			if n < batch {
+				if total > 0 {
+					p.logger.InfoContext(ctx, "pruned", slog.String("table", table), slog.Int("rows", total))
+				}
+				return total, nil
+			}
+		}
+		p.pause(ctx)
+	}
+	return total, ctx.Err()
+}
+
+// pause waits about cfg.Pause, jittered, or until ctx ends.
+func (p *Pruner) pause(ctx context.Context) {
+	if p.cfg.Pause <= 0 {
+		return
+	}
+	wait := time.Duration(float64(p.cfg.Pause) * (0.5 + rand.Float64()))
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// timedOut reports a statement ended by its timeout: a context deadline on
+// the client, or PostgreSQL's query_canceled.
+func timedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded) ||
+		(errors.As(err, &pgErr) && pgErr.Code == "57014")
+}

@@ -1,0 +1,164 @@
+package sweeper
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/robfig/cron/v3"
+)
+
+// Task is work a sweeper runs on a schedule.
+type Task interface {
+	// Name identifies the task in logs and metrics.
+	Name() string
+	// Run does one round of work. It must return soon after ctx ends.
+	Run(ctx context.Context) error
+}
+
+// Scheduled is a task and when to run it.
+type Scheduled struct {
+	// Schedule is a standard cron spec ("*/5 * * * *") or a descriptor
+	// ("@every 10s", "@hourly").
+	Schedule string
+	Task     Task
+}
+
+// Config configures a Sweeper.
+type Config struct {
+	Tasks []Scheduled
+
+	// Logger receives task failures and start and stop lines. nil discards
+	// them.
+	Logger *slog.Logger
+
+	// Observer, if set, is told of every task run.
+	Observer Observer
+}
+
+// Observer is told what a sweeper's tasks do, for metrics. Its methods must
+// be quick and safe for concurrent use.
+type Observer interface {
+	// TaskRan reports one run of a task, its duration and its error.
+	TaskRan(task string, took time.Duration, err error)
+	// Pruned reports rows a Pruner deleted from table.
+	Pruned(table string, rows int)
+	// Resumed reports a record the Completer resumed, and how it ended.
+	Resumed(workflow string, err error)
+	// Abandoned reports how many expired records of a workflow no
+	// registered definition can resume (0 when none are left).
+	Abandoned(workflow string, records int)
+	// OldestInFlight reports the age of the oldest record in flight, 0
+	// when none is.
+	OldestInFlight(age time.Duration)
+}
+
+// Sweeper runs tasks on their schedules.
+type Sweeper struct {
+	cron     *cron.Cron
+	logger   *slog.Logger
+	observer Observer
+	tasks    []Scheduled
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	cancel  context.CancelFunc
+}
+
+var parser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// New checks the schedules and returns a sweeper ready to Start.
+func New(cfg Config) (*Sweeper, error) {
+	if len(cfg.Tasks) == 0 {
+		return nil, errors.New("sweeper: no tasks")
+	}
+	for _, t := range cfg.Tasks {
+		if t.Task == nil {
+			return nil, errors.New("sweeper: a scheduled task is nil")
+		}
+		if _, err := parser.Parse(t.Schedule); err != nil {
+			return nil, fmt.Errorf("sweeper: schedule %q of %s: %w", t.Schedule, t.Task.Name(), err)
+		}
+	}
+	logger := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	return &Sweeper{
+		cron:     cron.New(cron.WithParser(parser), cron.WithChain(cron.SkipIfStillRunning(cronLogger{logger}))),
+		logger:   logger,
+		observer: cfg.Observer,
+		tasks:    cfg.Tasks,
+	}, nil
+}
+
+// Start schedules the tasks and returns. Their runs get a context that ends
+// at Stop or when ctx ends.
+func (s *Sweeper) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return errors.New("sweeper: already started")
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	s.cancel = func() { stop(); cancel() }
+	for _, t := range s.tasks {
+		if _, err := s.cron.AddFunc(t.Schedule, func() { s.run(runCtx, t.Task) }); err != nil {
+			cancel()
+			return err
+		}
+	}
+	s.started = true
+	s.cron.Start()
+	s.logger.Info("sweeper started", slog.Int("tasks", len(s.tasks)))
+	return nil
+}
+
+// Stop cancels running tasks, waits for them to return, and stops the
+// schedule. It is safe to call more than once, and before Start.
+func (s *Sweeper) Stop() {
+	s.mu.Lock()
+	if !s.started || s.stopped {
+		s.mu.Unlock()
+		return
+	}
+	s.stopped = true
+	s.mu.Unlock()
+	s.cancel()
+	<-s.cron.Stop().Done()
+	s.logger.Info("sweeper stopped")
+}
+
+// RunNow runs every task once, one after another, outside the schedule: at
+// start-up, or from a command line.
+func (s *Sweeper) RunNow(ctx context.Context) {
+	for _, t := range s.tasks {
+		s.run(ctx, t.Task)
+	}
+}
+
+func (s *Sweeper) run(ctx context.Context, t Task) {
+	if ctx.Err() != nil {
+		return
+	}
+	started := time.Now()
+	err := t.Run(ctx)
+	if s.observer != nil {
+		s.observer.TaskRan(t.Name(), time.Since(started), err)
+	}
+	if err != nil && ctx.Err() == nil {
+		s.logger.Warn("sweeper task failed", slog.String("task", t.Name()), slog.Any("error", err))
+	}
+}
+
+// cronLogger sends cron's own messages to slog.
+type cronLogger struct{ logger *slog.Logger }
+
+func (l cronLogger) Info(msg string, kv ...any) { l.logger.Debug("cron: "+msg, kv...) }
+
+func (l cronLogger) Error(err error, msg string, kv ...any) {
+	l.logger.Error("cron: "+msg, append(kv, slog.Any("error", err))...)
+}

@@ -1,0 +1,64 @@
+package workflow
+
+import (
+	"errors"
+	"time"
+
+	"github.com/onceflow/onceflow/recovery"
+)
+
+// Claim outcomes as an Observer hears them.
+const (
+	ClaimNew      = "new"
+	ClaimTakeover = "takeover"
+	ClaimReplay   = "replay"
+	ClaimConflict = "conflict" // in flight elsewhere
+	ClaimMismatch = "mismatch"
+)
+
+// Observer is told what the engine does, for metrics (see package metrics).
+// Its methods must be quick and safe for concurrent use.
+type Observer interface {
+	// Claimed reports how a run found its key: ClaimNew, ClaimTakeover,
+	// ClaimReplay, ClaimConflict or ClaimMismatch.
+	Claimed(workflow, outcome string)
+	// StepFinished reports how long a step's function took and its error.
+	StepFinished(workflow, step string, took time.Duration, err error)
+	// LeaseLost reports an attempt that found its key taken over.
+	LeaseLost(workflow string)
+}
+
+// claimOutcome names the outcome of a claim for an Observer; "" for errors
+// that are not outcomes (invalid input, an unreachable database).
+func claimOutcome(outcome recovery.Outcome, err error) string {
+	switch {
+	case errors.Is(err, ErrInFlight):
+		return ClaimConflict
+	case errors.Is(err, ErrMismatch):
+		return ClaimMismatch
+	case err != nil:
+		return ""
+	}
+	return outcome.String()
+}
+
+func (e *Engine) observeClaim(workflow string, outcome recovery.Outcome, err error) {
+	if e.observer == nil {
+		return
+	}
+	if name := claimOutcome(outcome, err); name != "" {
+		e.observer.Claimed(workflow, name)
+	}
+}
+
+func (e *Engine) observeStep(workflow, step string, started time.Time, err error) {
+	if e.observer != nil {
+		e.observer.StepFinished(workflow, step, time.Since(started), err)
+	}
+}
+
+func (e *Engine) observeLeaseLost(workflow string) {
+	if e.observer != nil {
+		e.observer.LeaseLost(workflow)
+	}
+}
