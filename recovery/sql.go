@@ -123,6 +123,15 @@ RETURNING locked_until`
 
 	deleteUnstartedSQL = `DELETE FROM {keys} WHERE ` + fence + ` AND recovery_point IS NULL`
 
+	// listSQL filters records for operators: $1 tenant, $2 status, $3
+	// microseconds without progress (in flight only), $4 limit; empty or 0
+	// matches all.
+	listSQL = `SELECT ` + recordColumns + ` FROM {keys}
+WHERE ($1 = '' OR tenant_id = $1) AND ($2 = '' OR status = $2)
+  AND ($3::bigint = 0 OR (status = 'in_flight' AND updated_at < clock_timestamp() - $3::bigint * interval '1 microsecond'))
+ORDER BY updated_at
+LIMIT $4`
+
 	// expireSQL ends a lease now, as if its holder had stopped renewing it.
 	// A released lease stays released.
 	expireSQL = `UPDATE {keys} SET locked_until = least(locked_until, clock_timestamp() - interval '1 millisecond'),
@@ -132,7 +141,7 @@ WHERE tenant_id = $1 AND key = $2 AND status = 'in_flight'`
 
 // queries holds the statements with the schema filled in.
 type queries struct {
-	claim, takeover, load, advance, finish, release, renew, deleteUnstarted, expire string
+	claim, takeover, load, list, advance, finish, release, renew, deleteUnstarted, expire string
 }
 
 func newQueries(schema string) *queries {
@@ -144,6 +153,7 @@ func newQueries(schema string) *queries {
 		takeover:        expand(takeoverSQL),
 		expire:          expand(expireSQL),
 		load:            expand(loadSQL),
+		list:            expand(listSQL),
 		advance:         expand(advanceSQL),
 		finish:          expand(finishSQL),
 		release:         expand(releaseSQL),

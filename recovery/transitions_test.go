@@ -344,3 +344,29 @@ func TestCompleteAfterRecordsFinalStep(t *testing.T) {
 	require.Equal(t, "create_order", got.RecoveryPoint)
 	require.JSONEq(t, `{"order_id":2}`, string(got.State))
 }
+
+func TestListForOperators(t *testing.T) {
+	b := setup(t)
+	stuck, _ := b.claim(t, params(t, recovery.Key{Tenant: "acme", ID: "stuck"}, `{}`))
+	_, err := b.db.Exec(b.ctx, `UPDATE onceflow_keys SET updated_at = now() - interval '2 hours' WHERE key = 'stuck'`)
+	require.NoError(t, err)
+	b.claim(t, params(t, recovery.Key{Tenant: "acme", ID: "busy"}, `{}`))
+	done, _ := b.claim(t, params(t, recovery.Key{Tenant: "globex", ID: "done"}, `{}`))
+	require.NoError(t, b.store.Complete(b.ctx, done.Fence(), jsonResponse))
+
+	keys := func(f recovery.ListFilter) []string {
+		recs, err := b.store.List(b.ctx, f)
+		require.NoError(t, err)
+		var ids []string
+		for _, r := range recs {
+			ids = append(ids, r.Key.ID)
+		}
+		return ids
+	}
+	require.Equal(t, []string{"stuck", "busy", "done"}, keys(recovery.ListFilter{}), "least recently updated first")
+	require.Equal(t, []string{"stuck", "busy"}, keys(recovery.ListFilter{Tenant: "acme"}))
+	require.Equal(t, []string{"done"}, keys(recovery.ListFilter{Status: recovery.StatusCompleted}))
+	require.Equal(t, []string{"stuck"}, keys(recovery.ListFilter{StuckFor: time.Hour}))
+	require.Equal(t, []string{"stuck"}, keys(recovery.ListFilter{Limit: 1}))
+	require.Equal(t, stuck.Owner, b.load(t, stuck.Key).Owner)
+}

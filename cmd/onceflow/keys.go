@@ -1,0 +1,267 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+
+	"github.com/onceflow/onceflow/recovery"
+	"github.com/onceflow/onceflow/workflow"
+)
+
+func newKeys(opts *options) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "keys",
+		Short: "Inspect and unstick idempotency keys",
+	}
+	cmd.AddCommand(newKeysList(opts), newKeysShow(opts), newKeysRelease(opts), newKeysFail(opts))
+	return cmd
+}
+
+func newKeysList(opts *options) *cobra.Command {
+	var (
+		f      recovery.ListFilter
+		status string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List keys, least recently updated first",
+		Example: `  onceflow keys list --status in_flight --stuck-for 10m
+  onceflow keys list --tenant acme --json`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch recovery.Status(status) {
+			case "", recovery.StatusInFlight, recovery.StatusCompleted, recovery.StatusFailed:
+				f.Status = recovery.Status(status)
+			default:
+				return usageError{fmt.Errorf("--status must be in_flight, completed or failed, not %q", status)}
+			}
+			store, done, err := opts.store(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			recs, err := store.List(cmd.Context(), f)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				out := make([]keyJSON, len(recs))
+				for i, r := range recs {
+					out[i] = toJSON(r)
+				}
+				return writeJSON(opts.stdout, out)
+			}
+			t := newTable(opts.stdout, "TENANT", "KEY", "WORKFLOW", "STATUS", "POINT", "ATTEMPTS", "UPDATED", "LAST ERROR")
+			for _, r := range recs {
+				t.row(r.Key.Tenant, r.Key.ID, r.Workflow, string(r.Status), r.RecoveryPoint, strconv.Itoa(r.Attempts),
+					r.UpdatedAt.Format(time.RFC3339), shorten(r.LastError, 60))
+			}
+			return t.flush()
+		},
+	}
+	cmd.Flags().StringVar(&f.Tenant, "tenant", "", "only this tenant's keys")
+	cmd.Flags().StringVar(&status, "status", "", "only keys in this status: in_flight, completed or failed")
+	cmd.Flags().DurationVar(&f.StuckFor, "stuck-for", 0, "only keys in flight with no progress for longer than this")
+	cmd.Flags().IntVar(&f.Limit, "limit", 100, "list at most this many")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newKeysShow(opts *options) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "show TENANT KEY",
+		Short: "Show one key's record, with its request, state and response",
+		Args:  args(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			store, done, err := opts.store(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			rec, err := store.Load(cmd.Context(), recovery.Key{Tenant: a[0], ID: a[1]})
+			if err != nil {
+				return err
+			}
+			out := toJSON(rec)
+			if asJSON {
+				return writeJSON(opts.stdout, out)
+			}
+			t := newTable(opts.stdout, "FIELD", "VALUE")
+			t.row("tenant", out.Tenant)
+			t.row("key", out.Key)
+			t.row("id", out.ID)
+			t.row("workflow", out.Workflow)
+			t.row("status", out.Status)
+			t.row("recovery point", out.RecoveryPoint)
+			t.row("attempts", strconv.Itoa(out.Attempts))
+			t.row("lease", lease(rec))
+			t.row("last error", out.LastError)
+			t.row("created", out.CreatedAt.Format(time.RFC3339Nano))
+			t.row("updated", out.UpdatedAt.Format(time.RFC3339Nano))
+			t.row("request", string(out.Request))
+			t.row("state", string(out.State))
+			if out.Response != nil {
+				t.row("response", fmt.Sprintf("%d %s", out.Response.Status, out.Response.Body+out.Response.BodyBase64))
+			}
+			return t.flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newKeysRelease(opts *options) *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "release TENANT KEY",
+		Short: "Hand a key's lease back so that a retry or the sweeper resumes it at once",
+		Long: `release ends the lease of a key in flight, as if its holder had failed: the record
+stays at its recovery point, its attempts grow by one, and the next claim takes it
+over at once. Whoever held the lease is fenced out: its next write fails.`,
+		Args: args(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			return opts.onInFlight(cmd, recovery.Key{Tenant: a[0], ID: a[1]}, func(store *recovery.Store, rec *recovery.Record) error {
+				return store.Release(cmd.Context(), rec.Fence(), "released by an operator: "+reason)
+			}, "released")
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "no reason given", "why, kept as the key's last error")
+	return cmd
+}
+
+func newKeysFail(opts *options) *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "fail TENANT KEY",
+		Short: "Fail a key terminally: retries get a stored 500 and nothing runs again",
+		Args:  args(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			return opts.onInFlight(cmd, recovery.Key{Tenant: a[0], ID: a[1]}, func(store *recovery.Store, rec *recovery.Record) error {
+				resp := workflow.Problem(http.StatusInternalServerError, "the operation was stopped and will not be retried")
+				return store.Fail(cmd.Context(), rec.Fence(), resp, "failed by an operator: "+reason)
+			}, "failed")
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "no reason given", "why, kept as the key's last error")
+	return cmd
+}
+
+// onInFlight loads key and applies change, fenced by the owner token it
+// read: if the key changed hands meanwhile, nothing is written.
+func (o *options) onInFlight(cmd *cobra.Command, key recovery.Key, change func(*recovery.Store, *recovery.Record) error, verb string) error {
+	store, done, err := o.store(cmd)
+	if err != nil {
+		return err
+	}
+	defer done()
+	rec, err := store.Load(cmd.Context(), key)
+	if err != nil {
+		return err
+	}
+	if rec.Finished() {
+		return fmt.Errorf("key %q of tenant %q is %s: nothing to change", key.ID, key.Tenant, rec.Status)
+	}
+	if err := change(store, rec); err != nil {
+		if errors.Is(err, recovery.ErrLeaseLost) {
+			return fmt.Errorf("the key changed while this command ran; look again: %w", err)
+		}
+		return err
+	}
+	fmt.Fprintf(o.stdout, "%s key %q of tenant %q\n", verb, key.ID, key.Tenant)
+	return nil
+}
+
+func (o *options) store(cmd *cobra.Command) (*recovery.Store, func(), error) {
+	db, err := o.connect(cmd.Context())
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := recovery.New(db, recovery.Config{Schema: o.schema})
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return store, db.Close, nil
+}
+
+// keyJSON is a record as the --json output shows it.
+type keyJSON struct {
+	Tenant        string          `json:"tenant"`
+	Key           string          `json:"key"`
+	ID            string          `json:"id"`
+	Workflow      string          `json:"workflow"`
+	Status        string          `json:"status"`
+	RecoveryPoint string          `json:"recovery_point,omitempty"`
+	Attempts      int             `json:"attempts"`
+	LastError     string          `json:"last_error,omitempty"`
+	LockedUntil   *time.Time      `json:"locked_until,omitempty"`
+	Released      bool            `json:"released,omitempty"`
+	Request       json.RawMessage `json:"request,omitempty"`
+	State         json.RawMessage `json:"state,omitempty"`
+	Response      *responseJSON   `json:"response,omitempty"`
+	CreatedAt     time.Time       `json:"created_at"`
+	UpdatedAt     time.Time       `json:"updated_at"`
+	CompletedAt   *time.Time      `json:"completed_at,omitempty"`
+}
+
+type responseJSON struct {
+	Status     int                 `json:"status"`
+	Header     map[string][]string `json:"header,omitempty"`
+	Body       string              `json:"body,omitempty"`
+	BodyBase64 string              `json:"body_base64,omitempty"` // for bodies that are not UTF-8
+}
+
+func toJSON(r *recovery.Record) keyJSON {
+	out := keyJSON{
+		Tenant: r.Key.Tenant, Key: r.Key.ID, ID: r.ID.String(), Workflow: r.Workflow, Status: string(r.Status),
+		RecoveryPoint: r.RecoveryPoint, Attempts: r.Attempts, LastError: r.LastError, Released: r.Released,
+		Request: r.Request, State: r.State, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+	}
+	if !r.LockedUntil.IsZero() {
+		out.LockedUntil = &r.LockedUntil
+	}
+	if !r.CompletedAt.IsZero() {
+		out.CompletedAt = &r.CompletedAt
+	}
+	if r.Response != nil {
+		resp := &responseJSON{Status: r.Response.Status, Header: r.Response.Header}
+		if utf8.Valid(r.Response.Body) {
+			resp.Body = string(r.Response.Body)
+		} else {
+			resp.BodyBase64 = base64.StdEncoding.EncodeToString(r.Response.Body)
+		}
+		out.Response = resp
+	}
+	return out
+}
+
+func lease(r *recovery.Record) string {
+	switch {
+	case r.Finished():
+		return "none (finished)"
+	case r.Released:
+		return "released"
+	default:
+		return r.LockedUntil.Format(time.RFC3339Nano)
+	}
+}
+
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}

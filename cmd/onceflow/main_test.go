@@ -1,0 +1,326 @@
+package main_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/recovery"
+	"github.com/onceflow/onceflow/workflow"
+)
+
+// binary is the onceflow command, built once for the tests.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "onceflow-cli-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "onceflow")
+	build := exec.Command("go", "build", "-o", binary, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build onceflow:", err)
+		os.Exit(1)
+	}
+	defer os.RemoveAll(dir)
+	dbtest.Main(m)
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// onceflow runs the built binary with args.
+func onceflow(t *testing.T, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL=", "ONCEFLOW_DATABASE_URL=")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatal(err)
+	}
+	return result{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()}
+}
+
+// ok runs onceflow and requires success.
+func ok(t *testing.T, args ...string) string {
+	t.Helper()
+	r := onceflow(t, args...)
+	require.Zero(t, r.code, "onceflow %v: %s", args, r.stderr)
+	return r.stdout
+}
+
+// fails runs onceflow and requires exit code and a one-line error.
+func fails(t *testing.T, code int, args ...string) string {
+	t.Helper()
+	r := onceflow(t, args...)
+	require.Equal(t, code, r.code, "onceflow %v: %s%s", args, r.stdout, r.stderr)
+	require.True(t, strings.HasPrefix(r.stderr, "onceflow: "), "stderr: %q", r.stderr)
+	require.Equal(t, 1, strings.Count(r.stderr, "\n"), "one line: %q", r.stderr)
+	return r.stderr
+}
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	url := dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true})
+	db := "--database-url=" + url
+
+	var status []struct {
+		Version int    `json:"version"`
+		Name    string `json:"name"`
+		Applied bool   `json:"applied"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "migrate", "status", "--json", db)), &status))
+	require.Len(t, status, 2)
+	require.False(t, status[0].Applied)
+
+	require.Equal(t, "applied 0001_keys\n", ok(t, "migrate", "up", "--to", "1", db))
+	require.Equal(t, "applied 0002_outbox\n", ok(t, "migrate", "up", db))
+	require.Equal(t, "nothing to do\n", ok(t, "migrate", "up", db))
+	table := ok(t, "migrate", "status", db)
+	require.Contains(t, table, "0002     outbox")
+	require.NotContains(t, table, " no\n")
+
+	require.Equal(t, "reverted 0002_outbox\n", ok(t, "migrate", "down", db))
+	require.Equal(t, "reverted 0001_keys\n", ok(t, "migrate", "down", "--to", "0", db))
+	require.Contains(t, fails(t, 1, "migrate", "up", "--to", "99", db), "invalid target version")
+
+	other := ok(t, "migrate", "up", "--schema", "idem", db)
+	require.Contains(t, other, "applied 0002_outbox")
+}
+
+// seedKeys makes a completed key, one in flight and one stuck for hours.
+func seedKeys(t *testing.T, url string) {
+	t.Helper()
+	ctx := context.Background()
+	db := dbtest.Connect(t, url, 4)
+	wf := workflow.Define("checkout",
+		phase.Atomic("create_order", func(context.Context, pgx.Tx, *phase.Run[int, int]) error { return nil }),
+		phase.Atomic("charge", func(context.Context, pgx.Tx, *phase.Run[int, int]) error { return nil }),
+	)
+	e, err := workflow.NewEngine(db, workflow.Config{})
+	require.NoError(t, err)
+	_, err = e.Run(ctx, workflow.Key{Tenant: "acme", ID: "done"}, wf, 1)
+	require.NoError(t, err)
+	crashing, err := workflow.NewEngine(db, workflow.Config{Hooks: &workflow.Hooks{
+		CrashPoint: func(_ context.Context, _ workflow.Key, p workflow.CrashPoint) error {
+			if p.Kind == workflow.AfterCommit && p.Step == "create_order" {
+				return errors.New("died")
+			}
+			return nil
+		},
+	}})
+	require.NoError(t, err)
+	for _, id := range []string{"running", "stuck"} {
+		_, err = crashing.Run(ctx, workflow.Key{Tenant: "globex", ID: id}, wf, 2)
+		require.ErrorIs(t, err, workflow.ErrCrashed)
+	}
+	_, err = db.Exec(ctx, `UPDATE onceflow_keys SET updated_at = now() - interval '3 hours' WHERE key = 'stuck'`)
+	require.NoError(t, err)
+}
+
+func TestKeys(t *testing.T) {
+	t.Parallel()
+	url := dbtest.NewDatabase(t, dbtest.Options{})
+	db := "--database-url=" + url
+	seedKeys(t, url)
+
+	table := ok(t, "keys", "list", db)
+	require.Contains(t, table, "TENANT")
+	require.Equal(t, 4, strings.Count(table, "\n"), table)
+
+	var listed []struct {
+		Tenant, Key, Status string
+		RecoveryPoint       string `json:"recovery_point"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "keys", "list", "--json", "--stuck-for", "1h", db)), &listed))
+	require.Len(t, listed, 1)
+	require.Equal(t, "stuck", listed[0].Key)
+	require.Equal(t, "create_order", listed[0].RecoveryPoint)
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "keys", "list", "--json", "--tenant", "acme", "--status", "completed", db)), &listed))
+	require.Len(t, listed, 1)
+	require.Equal(t, "done", listed[0].Key)
+	fails(t, 2, "keys", "list", "--status", "sleeping", db)
+
+	var shown struct {
+		Status   string
+		Response struct {
+			Status int
+			Body   string
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "keys", "show", "acme", "done", "--json", db)), &shown))
+	require.Equal(t, "completed", shown.Status)
+	require.Equal(t, 200, shown.Response.Status)
+	require.Contains(t, ok(t, "keys", "show", "globex", "stuck", db), "create_order")
+	require.Contains(t, fails(t, 1, "keys", "show", "acme", "nope", db), "not found")
+
+	require.Equal(t, "released key \"stuck\" of tenant \"globex\"\n", ok(t, "keys", "release", "globex", "stuck", "--reason", "node gone", db))
+	require.Equal(t, "failed key \"running\" of tenant \"globex\"\n", ok(t, "keys", "fail", "globex", "running", db))
+	require.Contains(t, fails(t, 1, "keys", "release", "acme", "done", db), "is completed: nothing to change")
+
+	store, err := recovery.New(dbtest.Connect(t, url, 2), recovery.Config{})
+	require.NoError(t, err)
+	stuck, err := store.Load(context.Background(), recovery.Key{Tenant: "globex", ID: "stuck"})
+	require.NoError(t, err)
+	require.True(t, stuck.Released)
+	require.Contains(t, stuck.LastError, "node gone")
+	failed, err := store.Load(context.Background(), recovery.Key{Tenant: "globex", ID: "running"})
+	require.NoError(t, err)
+	require.Equal(t, recovery.StatusFailed, failed.Status)
+	require.Equal(t, 500, failed.Response.Status)
+}
+
+func TestOutbox(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.NewDatabase(t, dbtest.Options{})
+	db := "--database-url=" + url
+	pool := dbtest.Connect(t, url, 4)
+	ob, err := outbox.New(outbox.Config{})
+	require.NoError(t, err)
+	require.NoError(t, ob.Enqueue(ctx, pool,
+		outbox.Message{Topic: "receipt", DedupeKey: "r1", Payload: map[string]int{"order": 1}},
+		outbox.Message{Topic: "sms", DedupeKey: "s1", Payload: "hi"}))
+	relay, err := outbox.NewRelay(pool, outbox.RelayConfig{MaxAttempts: 1, Handlers: map[string]outbox.Handler{
+		"receipt": func(context.Context, *outbox.Record) error { return errors.New("mailbox full") },
+	}})
+	require.NoError(t, err)
+	_, err = relay.RunOnce(ctx)
+	require.NoError(t, err)
+
+	var dead []outbox.Record
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "outbox", "dead", "--json", db)), &dead))
+	require.Len(t, dead, 1)
+	require.Equal(t, "mailbox full", dead[0].LastError)
+	require.Contains(t, ok(t, "outbox", "list", "--topic", "sms", db), "s1")
+	require.Contains(t, ok(t, "outbox", "list", db), "mailbox full")
+
+	id := fmt.Sprint(dead[0].ID)
+	require.Equal(t, "message "+id+" will be delivered again\n", ok(t, "outbox", "retry", id, db))
+	var pending []outbox.Record
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "outbox", "list", "--status", "pending", "--json", db)), &pending))
+	require.Len(t, pending, 2)
+	require.Equal(t, "[]\n", ok(t, "outbox", "dead", "--json", db))
+
+	fails(t, 2, "outbox", "retry", "abc", db)
+	require.Contains(t, fails(t, 1, "outbox", "retry", "424242", db), "not found")
+	fails(t, 2, "outbox", "list", "--status", "lost", db)
+}
+
+func TestSweeperOnce(t *testing.T) {
+	t.Parallel()
+	url := dbtest.NewDatabase(t, dbtest.Options{})
+	seedKeys(t, url)
+	pool := dbtest.Connect(t, url, 2)
+	_, err := pool.Exec(context.Background(), `UPDATE onceflow_keys SET completed_at = now() - interval '3 hours' WHERE key = 'done';
+		UPDATE onceflow_keys SET locked_until = now() - interval '1 second' WHERE status = 'in_flight'`)
+	require.NoError(t, err)
+
+	r := onceflow(t, "sweeper", "--once", "--retention", "1h", "--database-url="+url)
+	require.Zero(t, r.code, r.stderr)
+	require.Contains(t, r.stderr, "pruned")
+	require.Contains(t, r.stderr, "abandoned records of a workflow this sweeper cannot resume")
+	require.Contains(t, r.stderr, "workflow=checkout records=2")
+	var left int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM onceflow_keys`).Scan(&left))
+	require.Equal(t, 2, left, "the finished key is pruned; the two in flight stay")
+
+	fails(t, 2, "sweeper", "--once", "--retention", "-1h", "--database-url="+url)
+	fails(t, 2, "sweeper", "--once", "--prune-every", "sometimes", "--database-url="+url)
+}
+
+// TestSweeperServesAndStopsOnSignal: the long-running sweeper serves
+// metrics and health, and SIGTERM stops it with exit code 0.
+func TestSweeperServesAndStopsOnSignal(t *testing.T) {
+	t.Parallel()
+	url := dbtest.NewDatabase(t, dbtest.Options{})
+	cmd := exec.Command(binary, "sweeper", "--metrics-addr", "127.0.0.1:0", "--report-every", "@every 1s", "--database-url="+url)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	addrs := make(chan string, 1)
+	go func() {
+		lines := bufio.NewScanner(stderr)
+		for lines.Scan() {
+			line := lines.Text()
+			if _, after, found := strings.Cut(line, `msg="serving metrics and health" addr=`); found {
+				addrs <- after
+			}
+		}
+	}()
+	var addr string
+	select {
+	case addr = <-addrs:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the sweeper did not say where it serves")
+	}
+
+	health := get(t, "http://"+addr+"/healthz")
+	require.JSONEq(t, `{"status":"ok"}`, health)
+	require.Eventually(t, func() bool {
+		return strings.Contains(get(t, "http://"+addr+"/metrics"), `onceflow_sweeper_task_runs_total{result="ok",task="completer"}`)
+	}, 10*time.Second, 100*time.Millisecond, "the report task runs on its schedule")
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "a graceful stop exits 0")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the sweeper did not stop on SIGTERM")
+	}
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(body)
+}
+
+func TestHelpAndErrors(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--help"}, {"migrate", "--help"}, {"migrate", "up", "--help"}, {"migrate", "down", "--help"},
+		{"migrate", "status", "--help"}, {"sweeper", "--help"}, {"keys", "--help"}, {"keys", "list", "--help"},
+		{"keys", "show", "--help"}, {"keys", "release", "--help"}, {"keys", "fail", "--help"},
+		{"outbox", "--help"}, {"outbox", "list", "--help"}, {"outbox", "retry", "--help"}, {"outbox", "dead", "--help"},
+	} {
+		out := ok(t, args...)
+		require.Contains(t, out, "Usage:", "%v", args)
+	}
+	require.Contains(t, fails(t, 2, "keys", "list"), "no database")
+	fails(t, 2, "frobnicate")
+	fails(t, 2, "keys", "show", "only-one-arg", "--database-url=postgres://x@127.0.0.1:1/db")
+	require.Contains(t, fails(t, 1, "keys", "list", "--database-url=postgres://x@127.0.0.1:1/db"), "connect to the database")
+}
