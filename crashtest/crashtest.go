@@ -24,9 +24,10 @@ const TimeoutDefault = time.Minute
 type World[Req, State any] struct {
 	DB       workflow.DB
 	Workflow *workflow.Workflow[Req, State]
-	// Check verifies the invariant, such as one row per business effect
-	// and one effect per downstream key. nil checks nothing beyond the
-	// responses.
+	// Check verifies the invariant after the work finished: check exactly
+	// once, not at most once (one row per business effect, one effect per
+	// downstream operation), or a step skipped on recovery goes unnoticed.
+	// nil checks nothing beyond the responses.
 	Check func(ctx context.Context) error
 	// Close, if set, is called when the world is no longer needed.
 	Close func()
@@ -46,7 +47,10 @@ type Case[Req, State any] struct {
 	// Hooks are set by the harness.
 	Config workflow.Config
 	// SameResponse compares a recovered response with the uncrashed one.
-	// nil means equal status, headers and body bytes.
+	// nil means equal status, headers and body bytes. Mind identifiers from
+	// sequences: a sequence is not transactional, so a crash before a
+	// commit skips the numbers the attempt drew, and the recovered response
+	// carries the next ones.
 	SameResponse func(want, got workflow.Response) error
 	// Timeout bounds each experiment; 0 means TimeoutDefault.
 	Timeout time.Duration
@@ -172,7 +176,8 @@ func (c Case[Req, State]) baseline(ctx context.Context) (*Report, error) {
 }
 
 // experiment crashes a run at point, recovers it, and wakes the crashed
-// attempt.
+// attempt. Before a commit, the attempt dies instead, its transaction rolled
+// back: stalling there would hold the locks recovery needs.
 func (c Case[Req, State]) experiment(ctx context.Context, want workflow.Response, point workflow.CrashPoint, how Recovery) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
@@ -251,11 +256,14 @@ func (c Case[Req, State]) recover(ctx context.Context, e *workflow.Engine, world
 	return e.Run(ctx, c.Key, world.Workflow, c.Request)
 }
 
+// errKilled stops an attempt at a crash point inside a transaction.
+var errKilled = errors.New("killed before its commit")
+
 // fencedOut checks what the woken attempt did: it either lost its lease or
-// answered with the response the key holds.
+// answered with the response the key holds (or it died at its crash point).
 func (c Case[Req, State]) fencedOut(want workflow.Response, r result) error {
 	switch {
-	case errors.Is(r.err, workflow.ErrLeaseLost):
+	case errors.Is(r.err, workflow.ErrLeaseLost), errors.Is(r.err, errKilled):
 		return nil
 	case r.err != nil:
 		return fmt.Errorf("the woken attempt failed other than by losing its lease: %w", r.err)
@@ -301,13 +309,20 @@ func (c Case[Req, State]) crashingRun(ctx context.Context, world *World[Req, Sta
 		}
 		hit := false
 		once.Do(func() { hit = true })
-		if hit {
-			close(z.crashed)
-			select {
-			case <-z.woken:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+		if !hit {
+			return nil
+		}
+		close(z.crashed)
+		if p.Kind == workflow.BeforeCommit {
+			// A transaction is open: the attempt dies, and its transaction
+			// rolls back, as its connection would close.
+			return errKilled
+		}
+		// Otherwise the attempt stalls here holding nothing, until woken.
+		select {
+		case <-z.woken:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 		return nil
 	}}

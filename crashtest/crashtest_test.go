@@ -96,7 +96,8 @@ func (p *provider) count(endpoint string) int {
 func checkout(p *provider, chargeKey func(c *foreign.Call[Order, State]) string) *workflow.Workflow[Order, State] {
 	return workflow.Define("checkout",
 		phase.Atomic("create_order", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
-			return tx.QueryRow(ctx, `INSERT INTO orders (sku, amount) VALUES ($1, $2) RETURNING id`,
+			return tx.QueryRow(ctx, `INSERT INTO orders (id, sku, amount)
+				SELECT coalesce(max(id), 0) + 1, $1, $2 FROM orders RETURNING id`,
 				r.Request.SKU, r.Request.Amount).Scan(&r.State.OrderID)
 		}),
 		foreign.Mutation("reserve_stock", func(ctx context.Context, c *foreign.Call[Order, State]) error {
@@ -126,8 +127,11 @@ func checkout(p *provider, chargeKey func(c *foreign.Call[Order, State]) string)
 func newWorld(t *testing.T, chargeKey func(c *foreign.Call[Order, State]) string) func(context.Context) (*crashtest.World[Order, State], error) {
 	return func(ctx context.Context) (*crashtest.World[Order, State], error) {
 		db := dbtest.Connect(t, dbtest.NewDatabase(t, dbtest.Options{}), 8)
+		// Orders are numbered transactionally: a sequence would skip the
+		// number an attempt drew before its transaction rolled back, and the
+		// recovered response would differ from the uncrashed one.
 		if _, err := db.Exec(ctx, `
-			CREATE TABLE orders (id bigserial PRIMARY KEY, sku text NOT NULL, amount bigint NOT NULL);
+			CREATE TABLE orders (id bigint PRIMARY KEY, sku text NOT NULL, amount bigint NOT NULL);
 			CREATE TABLE reservations (order_id bigint NOT NULL, reservation_id text NOT NULL);
 			CREATE TABLE payments (order_id bigint NOT NULL, charge_id text NOT NULL)`); err != nil {
 			return nil, err
@@ -148,14 +152,14 @@ func exactlyOnce(ctx context.Context, db *pgxpool.Pool, p *provider) error {
 		return err
 	}
 	var errs []error
-	if orders > 1 || reservations > 1 || payments > 1 {
-		errs = append(errs, fmt.Errorf("rows: %d orders, %d reservations, %d payments; want at most one each",
+	if orders != 1 || reservations != 1 || payments != 1 {
+		errs = append(errs, fmt.Errorf("rows: %d orders, %d reservations, %d payments; want exactly one each",
 			orders, reservations, payments))
 	}
-	if n := p.count("reservations"); n > 1 {
+	if n := p.count("reservations"); n != 1 {
 		errs = append(errs, fmt.Errorf("%d stock reservations made for one order", n))
 	}
-	if n := p.count("charges"); n > 1 {
+	if n := p.count("charges"); n != 1 {
 		errs = append(errs, fmt.Errorf("%d charges made for one order", n))
 	}
 	return errors.Join(errs...)
@@ -172,8 +176,8 @@ func TestCheckoutSurvivesEveryCrash(t *testing.T) {
 	require.NoError(t, report.Err())
 	require.JSONEq(t, `{"order_id":1,"reservation_id":"re_1","charge_id":"ch_1"}`, string(report.Response.Body))
 	require.Empty(t, report.Unreached)
-	require.Len(t, report.Points, 10, "every crash point of the definition: %v", report.Points)
-	require.Len(t, report.Outcomes, 20)
+	require.Len(t, report.Points, 13, "every crash point of the definition: %v", report.Points)
+	require.Len(t, report.Outcomes, 26)
 	require.Equal(t, workflow.CrashPoints(checkout(nil, derived)), report.Points)
 }
 
@@ -196,4 +200,46 @@ func TestHarnessCatchesIgnoredKey(t *testing.T) {
 	}
 	require.True(t, failed["after charge's call"], "failures: %v", report.Err())
 	require.Error(t, report.Err())
+}
+
+// TestHarnessCatchesWritesOutsideTheTransaction: a first phase that writes
+// with the pool instead of its transaction keeps its row when the attempt
+// dies before the commit; the recovery writes it again.
+func TestHarnessCatchesWritesOutsideTheTransaction(t *testing.T) {
+	t.Parallel()
+	newWorld := func(ctx context.Context) (*crashtest.World[Order, State], error) {
+		db := dbtest.Connect(t, dbtest.NewDatabase(t, dbtest.Options{}), 8)
+		if _, err := db.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY, sku text NOT NULL, amount bigint NOT NULL)`); err != nil {
+			return nil, err
+		}
+		wf := workflow.Define("leaky",
+			phase.Atomic("create_order", func(ctx context.Context, _ pgx.Tx, r *phase.Run[Order, State]) error {
+				return db.QueryRow(ctx, `INSERT INTO orders (id, sku, amount) SELECT coalesce(max(id), 0) + 1, $1, $2
+					FROM orders RETURNING id`, r.Request.SKU, r.Request.Amount).Scan(&r.State.OrderID)
+			}),
+		)
+		return &crashtest.World[Order, State]{DB: db, Workflow: wf, Check: func(ctx context.Context) error {
+			var n int
+			if err := db.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n); err != nil {
+				return err
+			}
+			if n != 1 {
+				return fmt.Errorf("%d orders for one request", n)
+			}
+			return nil
+		}}, nil
+	}
+	report, err := crashtest.Explore(context.Background(), crashtest.Case[Order, State]{
+		NewWorld: newWorld, Request: Order{SKU: "sku-1", Amount: 1},
+		SameResponse: func(want, got workflow.Response) error { return nil }, // only the invariant matters here
+	})
+	require.NoError(t, err)
+	failed := map[string]bool{}
+	for _, o := range report.Outcomes {
+		if o.Err != nil {
+			failed[o.Point.String()] = true
+			require.ErrorContains(t, o.Err, "2 orders for one request")
+		}
+	}
+	require.Equal(t, map[string]bool{"before create_order's commit": true}, failed)
 }

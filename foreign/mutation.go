@@ -11,7 +11,8 @@ import (
 type Call[Req, State any] struct {
 	*phase.Run[Req, State]
 	// Key is this step's downstream idempotency key. Send it with the call;
-	// every attempt at this step sends the same key.
+	// every attempt at this step sends the same key. (It shadows Run.Key,
+	// the client's key, which is c.Run.Key.)
 	Key string
 }
 

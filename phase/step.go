@@ -22,6 +22,7 @@ const (
 	KindForeign
 )
 
+// String returns "atomic" or "foreign".
 func (k Kind) String() string {
 	switch k {
 	case KindAtomic:
@@ -119,7 +120,15 @@ type PanicError struct {
 	Stack []byte
 }
 
+// Error names the step and the panic's value.
 func (e *PanicError) Error() string { return fmt.Sprintf("step %s panicked: %v", e.Step, e.Value) }
+
+// Unwrap returns the panic's value when it is an error, so that errors.Is
+// sees through a panic(err).
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}
 
 func recoverPanic(step string, err *error) {
 	if v := recover(); v != nil {

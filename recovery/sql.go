@@ -116,6 +116,10 @@ WHERE ` + fence
     attempts = attempts + 1, last_error = $4, updated_at = clock_timestamp()
 WHERE ` + fence
 
+	handBackSQL = `UPDATE {keys} SET locked_until = '-infinity', owner = gen_random_uuid(),
+    last_error = $4, updated_at = clock_timestamp()
+WHERE ` + fence
+
 	renewSQL = `UPDATE {keys} SET locked_until = clock_timestamp() + $4::bigint * interval '1 microsecond',
     updated_at = clock_timestamp()
 WHERE ` + fence + `
@@ -141,7 +145,7 @@ WHERE tenant_id = $1 AND key = $2 AND status = 'in_flight'`
 
 // queries holds the statements with the schema filled in.
 type queries struct {
-	claim, takeover, load, list, advance, finish, release, renew, deleteUnstarted, expire string
+	claim, takeover, load, list, advance, finish, release, handBack, renew, deleteUnstarted, expire string
 }
 
 func newQueries(schema string) *queries {
@@ -157,6 +161,7 @@ func newQueries(schema string) *queries {
 		advance:         expand(advanceSQL),
 		finish:          expand(finishSQL),
 		release:         expand(releaseSQL),
+		handBack:        expand(handBackSQL),
 		renew:           expand(renewSQL),
 		deleteUnstarted: expand(deleteUnstartedSQL),
 	}

@@ -70,16 +70,13 @@ func (s *Store) finish(ctx context.Context, op string, f Fence, status Status, r
 	if resp.Status < 100 || resp.Status > 999 {
 		return &InputError{Field: "response status", Problem: fmt.Sprintf("is %d, not a three-digit HTTP status", resp.Status)}
 	}
-	header, err := json.Marshal(s.keepHeaders(resp.Header))
+	stored := s.Stored(resp)
+	header, err := json.Marshal(stored.Header)
 	if err != nil {
 		return fmt.Errorf("%s key: encode header: %w", op, err)
 	}
-	body := resp.Body
-	if body == nil {
-		body = []byte{}
-	}
 	tag, err := s.db.Exec(ctx, s.sql.finish, f.Key.Tenant, f.Key.ID, f.Owner,
-		string(status), resp.Status, body, header, cause, recoveryPoint, state)
+		string(status), stored.Status, stored.Body, header, cause, recoveryPoint, state)
 	return fenced(op, f, tag, err)
 }
 
@@ -91,6 +88,24 @@ func (s *Store) finish(ctx context.Context, op string, f Fence, status Status, r
 func (s *Store) Release(ctx context.Context, f Fence, cause string) error {
 	tag, err := s.db.Exec(ctx, s.sql.release, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause))
 	return fenced("release", f, tag, err)
+}
+
+// HandBack hands the lease back like Release but without counting an
+// attempt: for an attempt that stopped because its caller went away, not
+// because its work failed. cause is kept as the last error.
+func (s *Store) HandBack(ctx context.Context, f Fence, cause string) error {
+	tag, err := s.db.Exec(ctx, s.sql.handBack, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause))
+	return fenced("hand back", f, tag, err)
+}
+
+// Stored returns resp as Complete and Fail store it, and as every replay
+// returns it: allow-listed headers only, a nil body as an empty one.
+func (s *Store) Stored(resp Response) Response {
+	stored := Response{Status: resp.Status, Header: s.keepHeaders(resp.Header), Body: resp.Body}
+	if stored.Body == nil {
+		stored.Body = []byte{}
+	}
+	return stored
 }
 
 // Renew extends the lease to lease from now by the database clock and

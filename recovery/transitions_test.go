@@ -370,3 +370,29 @@ func TestListForOperators(t *testing.T) {
 	require.Equal(t, []string{"stuck"}, keys(recovery.ListFilter{Limit: 1}))
 	require.Equal(t, stuck.Owner, b.load(t, stuck.Key).Owner)
 }
+
+func TestHandBackDoesNotCountAnAttempt(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	rec, _ := b.claim(t, params(t, key, `{}`))
+	require.NoError(t, b.store.HandBack(b.ctx, rec.Fence(), "caller went away"))
+	got := b.load(t, key)
+	require.True(t, got.Released)
+	require.Zero(t, got.Attempts)
+	require.Equal(t, "caller went away", got.LastError)
+	require.ErrorIs(t, b.store.HandBack(b.ctx, rec.Fence(), "again"), recovery.ErrLeaseLost)
+
+	taken, outcome := b.claim(t, params(t, key, `{}`))
+	require.Equal(t, recovery.OutcomeTakeover, outcome)
+	require.Zero(t, taken.Attempts, "a handed-back lease is not an abandoned one")
+}
+
+func TestStoredIsWhatReplaysReturn(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	rec, _ := b.claim(t, params(t, key, `{}`))
+	resp := recovery.Response{Status: 201, Header: map[string][]string{"content-type": {"a/b"}, "X-Secret": {"s"}}}
+	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), resp))
+	replay, _ := b.claim(t, params(t, key, `{}`))
+	require.Equal(t, b.store.Stored(resp), *replay.Response)
+}

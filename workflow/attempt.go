@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,6 +19,11 @@ import (
 // (releasing the lease, deleting a rejected claim).
 const cleanupTimeout = 10 * time.Second
 
+// txOptions are the engine's transactions: the claim re-runs its statement
+// after losing a race, which needs a fresh snapshot per statement, whatever
+// the server's default isolation.
+var txOptions = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
 // attempt is one run of a workflow under a key: from the claim to the
 // response or the error.
 type attempt[Req, State any] struct {
@@ -26,13 +32,34 @@ type attempt[Req, State any] struct {
 	key   Key
 	claim func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error)
 	start int // the step expected to run first; the claim folds into it when atomic
+	// fromRecord: the request comes from the record the claim returns
+	// (Resume), not from the caller.
+	fromRecord bool
 
+	tx        pgx.Tx // the open transaction, if any
 	rec       *recovery.Record
 	outcome   recovery.Outcome
 	run       phase.Run[Req, State]
 	next      int  // index of the next step to run
 	claimOpen bool // the claim is uncommitted, in the open transaction
 	committed bool // a recovery point exists
+}
+
+// lostLease marks a loss of the lease that the engine itself found (a
+// fenced write that matched no row, a heartbeat that found the key taken
+// over), as opposed to a step's own error that happens to wrap
+// ErrLeaseLost.
+type lostLease struct{ err error }
+
+func (l *lostLease) Error() string { return l.err.Error() }
+func (l *lostLease) Unwrap() error { return l.err }
+
+// fenced marks err as a lost lease when a fenced write reports one.
+func fenced(err error) error {
+	if errors.Is(err, ErrLeaseLost) {
+		return &lostLease{err}
+	}
+	return err
 }
 
 // run starts or continues the workflow for a client's request.
@@ -61,13 +88,10 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, requ
 
 // resume continues the workflow of rec from its stored request.
 func (w *Workflow[Req, State]) resume(ctx context.Context, e *Engine, rec *recovery.Record) (*Result, error) {
-	a := &attempt[Req, State]{e: e, w: w, key: rec.Key,
+	a := &attempt[Req, State]{e: e, w: w, key: rec.Key, fromRecord: true,
 		claim: func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
 			return s.Takeover(ctx, rec.Key)
 		},
-	}
-	if err := json.Unmarshal(rec.Request, &a.run.Request); err != nil {
-		return nil, fmt.Errorf("resume %s: decode stored request: %w", w.name, err)
 	}
 	a.start, _ = w.indexAfter(rec.RecoveryPoint)
 	return a.execute(ctx)
@@ -86,47 +110,46 @@ func asRequest[Req any](workflow string, request any) (Req, error) {
 	return zero, fmt.Errorf("%w: workflow %s takes a %T request, got %T", ErrInvalidInput, workflow, zero, request)
 }
 
-// execute claims the key and runs the steps after its recovery point.
-func (a *attempt[Req, State]) execute(ctx context.Context) (*Result, error) {
+// execute claims the key and runs the steps after its recovery point. A
+// panic outside the steps' own functions (in a state's JSON methods, say)
+// rolls back and is handled as a failed step.
+func (a *attempt[Req, State]) execute(ctx context.Context) (res *Result, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			res, err = a.failed(ctx, "", &phase.PanicError{Step: a.run.Step, Value: v, Stack: debug.Stack()})
+		}
+	}()
 	steps := a.w.steps
-	var tx pgx.Tx
 	if a.start < len(steps) && steps[a.start].Kind() == phase.KindAtomic {
 		if err := a.e.crashPoint(ctx, a.key, BeforeStep, steps[a.start].Name()); err != nil {
 			return nil, err
 		}
-		var err error
-		if tx, err = a.e.db.Begin(ctx); err != nil {
-			return nil, fmt.Errorf("workflow %s: begin: %w", a.w.name, err)
+		if err := a.begin(ctx); err != nil {
+			return nil, fmt.Errorf("workflow %s: %w", a.w.name, err)
 		}
 		a.claimOpen = true
 	}
-	if res, err := a.claimKey(ctx, tx); res != nil || err != nil {
+	if res, err := a.claimKey(ctx); res != nil || err != nil {
 		return res, err
 	}
-	if tx != nil && a.next != a.start {
+	if a.tx != nil && a.next != a.start {
 		// The record moved on since the guess: commit the takeover alone.
-		if err := a.commit(ctx, tx); err != nil {
-			return a.failed(ctx, nil, "", err)
+		if err := a.commit(ctx); err != nil {
+			return a.failed(ctx, "", err)
 		}
-		tx = nil
 	}
 	if a.outcome == recovery.OutcomeTakeover && a.e.maxAttempts > 0 && a.rec.Attempts >= a.e.maxAttempts {
-		return a.failTerminally(ctx, tx, a.rec.Fence(), a.rec.Attempts, errors.New(a.rec.LastError))
+		return a.failTerminally(ctx, a.rec.Fence(), a.rec.Attempts, errors.New(a.rec.LastError))
 	}
 	for a.next < len(steps) {
 		step := steps[a.next]
-		if tx == nil {
+		if a.tx == nil {
 			if err := a.e.crashPoint(ctx, a.key, BeforeStep, step.Name()); err != nil {
 				return nil, err
 			}
 		}
-		var (
-			res *Result
-			err error
-		)
 		if step.Kind() == phase.KindAtomic {
-			res, err = a.atomic(ctx, tx, step)
-			tx = nil
+			res, err = a.atomic(ctx, step)
 		} else {
 			res, err = a.foreign(ctx, step)
 		}
@@ -136,20 +159,17 @@ func (a *attempt[Req, State]) execute(ctx context.Context) (*Result, error) {
 	}
 	// Every step is committed but no response is stored (the workflow was
 	// redefined with fewer steps): finish from the state.
-	return a.respond(ctx, nil, a.w.steps[len(steps)-1].Name(), nil)
+	return a.respond(ctx, a.w.steps[len(steps)-1].Name(), nil)
 }
 
-// claimKey claims the key (in tx when not nil) and loads the record. It
-// returns a result or an error when this attempt does not own the key.
-func (a *attempt[Req, State]) claimKey(ctx context.Context, tx pgx.Tx) (*Result, error) {
-	store := a.e.store
-	if tx != nil {
-		store = store.WithTx(tx)
-	}
-	rec, outcome, err := a.claim(ctx, store)
+// claimKey claims the key (in the open transaction, if any) and loads the
+// record. It returns a result or an error when this attempt does not own
+// the key.
+func (a *attempt[Req, State]) claimKey(ctx context.Context) (*Result, error) {
+	rec, outcome, err := a.claim(ctx, a.store())
 	a.e.observeClaim(a.w.name, outcome, err)
 	if err != nil || outcome == recovery.OutcomeReplay {
-		rollback(tx) // the claim wrote nothing
+		a.rollback() // the claim wrote nothing
 		if err != nil {
 			return nil, err
 		}
@@ -158,14 +178,23 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, tx pgx.Tx) (*Result,
 	a.rec, a.outcome = rec, outcome
 	a.run.Key, a.run.RecordID, a.run.Attempt = a.key, rec.ID, rec.Attempts+1
 	a.committed = rec.RecoveryPoint != ""
+	if a.fromRecord {
+		// What was taken over may not be what Resume loaded a moment ago.
+		if rec.Workflow != a.w.name {
+			return a.failed(ctx, "", fmt.Errorf("%w: the record now belongs to workflow %s", ErrUnknownWorkflow, rec.Workflow))
+		}
+		if err := json.Unmarshal(rec.Request, &a.run.Request); err != nil {
+			return a.failed(ctx, "", fmt.Errorf("decode stored request: %w", err))
+		}
+	}
 	next, ok := a.w.indexAfter(rec.RecoveryPoint)
 	if !ok {
-		return a.failed(ctx, tx, "", fmt.Errorf("recovery point %q is not a step of workflow %s", rec.RecoveryPoint, a.w.name))
+		return a.failed(ctx, "", fmt.Errorf("recovery point %q is not a step of workflow %s", rec.RecoveryPoint, a.w.name))
 	}
 	a.next = next
 	if len(rec.State) > 0 {
 		if err := json.Unmarshal(rec.State, &a.run.State); err != nil {
-			return a.failed(ctx, tx, "", fmt.Errorf("decode stored state: %w", err))
+			return a.failed(ctx, "", fmt.Errorf("decode stored state: %w", err))
 		}
 	}
 	if outcome == recovery.OutcomeTakeover {
@@ -174,38 +203,41 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, tx pgx.Tx) (*Result,
 	return nil, nil
 }
 
-// atomic runs an atomic phase in tx (begun here when nil) and commits it
-// with the recovery point, or with the response when it is the last step.
-func (a *attempt[Req, State]) atomic(ctx context.Context, tx pgx.Tx, step phase.Step[Req, State]) (*Result, error) {
-	if tx == nil {
-		var err error
-		if tx, err = a.e.db.Begin(ctx); err != nil {
-			return a.failed(ctx, nil, step.Name(), fmt.Errorf("begin: %w", err))
+// atomic runs an atomic phase in the open transaction (begun here if none
+// is) and commits it with the recovery point, or with the response when it
+// is the last step.
+func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, State]) (*Result, error) {
+	if a.tx == nil {
+		if err := a.begin(ctx); err != nil {
+			return a.failed(ctx, step.Name(), err)
 		}
 	}
-	// While the claim is uncommitted in tx, the row is locked by this
-	// attempt and no takeover is possible: no heartbeat is needed.
+	// While the claim is uncommitted in the transaction, the row is locked
+	// by this attempt and no takeover is possible: no heartbeat is needed.
 	stepCtx, stop := a.heartbeat(ctx, step.Name(), !a.claimOpen)
 	started := time.Now()
-	err := step.RunAtomic(stepCtx, tx, &a.run)
+	err := step.RunAtomic(stepCtx, a.tx, &a.run)
 	a.e.observeStep(a.w.name, step.Name(), started, err)
 	if lost := stop(); lost != nil {
 		err = lost
 	}
 	if o, ok := asOutcome(err); ok {
-		return a.respondOrReject(ctx, tx, step.Name(), o)
+		return a.respondOrReject(ctx, step.Name(), o)
 	}
 	if err != nil {
-		return a.failed(ctx, tx, step.Name(), err)
+		return a.failed(ctx, step.Name(), err)
 	}
 	if a.next == len(a.w.steps)-1 {
-		return a.respond(ctx, tx, step.Name(), nil)
+		return a.respond(ctx, step.Name(), nil)
 	}
-	if err := a.advance(ctx, tx, step.Name()); err != nil {
-		return a.failed(ctx, tx, step.Name(), err)
+	if err := a.advance(ctx, step.Name()); err != nil {
+		return a.failed(ctx, step.Name(), err)
 	}
-	if err := a.commit(ctx, tx); err != nil {
-		return a.failed(ctx, nil, step.Name(), err)
+	if err := a.beforeCommit(ctx, step.Name()); err != nil {
+		return nil, err
+	}
+	if err := a.commit(ctx); err != nil {
+		return a.failed(ctx, step.Name(), err)
 	}
 	return nil, a.e.crashPoint(ctx, a.key, AfterCommit, step.Name())
 }
@@ -221,38 +253,38 @@ func (a *attempt[Req, State]) foreign(ctx context.Context, step phase.Step[Req, 
 		err = lost
 	}
 	if o, ok := asOutcome(err); ok {
-		return a.respondOrReject(ctx, nil, step.Name(), o)
+		return a.respondOrReject(ctx, step.Name(), o)
 	}
 	if err != nil {
-		return a.failed(ctx, nil, step.Name(), err)
+		return a.failed(ctx, step.Name(), err)
 	}
 	if err := a.e.crashPoint(ctx, a.key, AfterForeignCall, step.Name()); err != nil {
 		return nil, err
 	}
 	if a.next == len(a.w.steps)-1 {
-		return a.respond(ctx, nil, step.Name(), nil)
+		return a.respond(ctx, step.Name(), nil)
 	}
 	if a.w.steps[a.next+1].Kind() == phase.KindAtomic {
 		a.next++ // committed with the next phase
 		return nil, nil
 	}
-	if err := a.advance(ctx, nil, step.Name()); err != nil {
-		return a.failed(ctx, nil, step.Name(), err)
+	if err := a.advance(ctx, step.Name()); err != nil {
+		return a.failed(ctx, step.Name(), err)
 	}
 	return nil, a.e.crashPoint(ctx, a.key, AfterCommit, step.Name())
 }
 
-// advance records step as the recovery point, with the state, in tx (or on
-// its own when tx is nil), and moves on to the next step.
-func (a *attempt[Req, State]) advance(ctx context.Context, tx pgx.Tx, step string) error {
+// advance records step as the recovery point, with the state, in the open
+// transaction (or on its own), and moves on to the next step.
+func (a *attempt[Req, State]) advance(ctx context.Context, step string) error {
 	state, err := json.Marshal(a.run.State)
 	if err != nil {
 		return fmt.Errorf("encode state: %w", err)
 	}
-	if err := a.storeFor(tx).Advance(ctx, a.rec.Fence(), step, state); err != nil {
-		return err
+	if err := a.store().Advance(ctx, a.rec.Fence(), step, state); err != nil {
+		return fenced(err)
 	}
-	if tx == nil {
+	if a.tx == nil {
 		a.committed = true
 	}
 	a.next++
@@ -260,48 +292,55 @@ func (a *attempt[Req, State]) advance(ctx context.Context, tx pgx.Tx, step strin
 }
 
 // respond completes the key with resp (nil: the response built from the
-// final state) after step, in tx or on its own, and returns the result.
-func (a *attempt[Req, State]) respond(ctx context.Context, tx pgx.Tx, step string, resp *Response) (*Result, error) {
+// final state) after step, in the open transaction or on its own, and
+// returns the result: the response as stored, as every replay will see it.
+func (a *attempt[Req, State]) respond(ctx context.Context, step string, resp *Response) (*Result, error) {
 	if resp == nil {
 		built, err := a.buildResponse()
 		if err != nil {
-			return a.failed(ctx, tx, step, err)
+			return a.failed(ctx, step, err)
 		}
 		resp = &built
 	}
 	state, err := json.Marshal(a.run.State)
 	if err != nil {
-		return a.failed(ctx, tx, step, fmt.Errorf("encode state: %w", err))
+		return a.failed(ctx, step, fmt.Errorf("encode state: %w", err))
 	}
-	if err := a.storeFor(tx).CompleteAfter(ctx, a.rec.Fence(), step, state, *resp); err != nil {
-		return a.failed(ctx, tx, step, err)
+	if err := a.store().CompleteAfter(ctx, a.rec.Fence(), step, state, *resp); err != nil {
+		return a.failed(ctx, step, fenced(err))
 	}
-	if tx != nil {
-		if err := a.commit(ctx, tx); err != nil {
-			return a.failed(ctx, nil, step, err)
+	if a.tx != nil {
+		if err := a.beforeCommit(ctx, step); err != nil {
+			return nil, err
+		}
+		if err := a.commit(ctx); err != nil {
+			return a.failed(ctx, step, err)
 		}
 	}
 	if err := a.e.crashPoint(ctx, a.key, AfterCommit, step); err != nil {
 		return nil, err
 	}
-	return &Result{Response: *resp, Outcome: a.outcome, ResumedFrom: a.resumedFrom()}, nil
+	return &Result{Response: a.e.store.Stored(*resp), Outcome: a.outcome, ResumedFrom: a.resumedFrom()}, nil
 }
 
 func (a *attempt[Req, State]) buildResponse() (resp Response, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("building the response panicked: %v", v)
+			err = &phase.PanicError{Step: "Finish", Value: v, Stack: debug.Stack()}
 		}
 	}()
 	return a.w.response(&a.run.State), nil
 }
 
-// respondOrReject ends the workflow as a step asked.
-func (a *attempt[Req, State]) respondOrReject(ctx context.Context, tx pgx.Tx, step string, o *outcome) (*Result, error) {
-	if !o.reject || a.committed {
-		return a.respond(ctx, tx, step, &o.resp)
+// respondOrReject ends the workflow as a step asked. A Reject keeps no
+// record only while nothing can have happened: no recovery point
+// committed, and no step before this one ran (a foreign call's effect
+// would be repeated under a new downstream key).
+func (a *attempt[Req, State]) respondOrReject(ctx context.Context, step string, o *outcome) (*Result, error) {
+	if !o.reject || a.committed || a.next > 0 {
+		return a.respond(ctx, step, &o.resp)
 	}
-	rollback(tx)
+	a.rollback()
 	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	if rec, ok := a.recordAfterRollback(cleanupCtx, a.outcome == recovery.OutcomeTakeover); ok {
@@ -312,23 +351,27 @@ func (a *attempt[Req, State]) respondOrReject(ctx context.Context, tx pgx.Tx, st
 	return &Result{Response: o.resp, Outcome: a.outcome, Rejected: true}, nil
 }
 
-// failed handles a step's error: roll back, then release the lease so a
-// retry can take over at once, or fail the key terminally after
-// MaxAttempts. A lost lease or a crash releases nothing.
-func (a *attempt[Req, State]) failed(ctx context.Context, tx pgx.Tx, step string, cause error) (*Result, error) {
-	rollback(tx)
+// failed handles a step's error: roll back, then hand the lease back so a
+// retry can take over at once. A failure counts as an attempt, and the
+// MaxAttempts-th fails the key terminally; a caller that went away does
+// not count. A lost lease releases nothing: the key is someone else's.
+func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause error) (*Result, error) {
+	a.rollback()
 	stepErr := &StepError{Workflow: a.w.name, Step: step, Attempt: a.run.Attempt, Err: cause}
-	var panicErr *phase.PanicError
+	var (
+		panicErr *phase.PanicError
+		lost     *lostLease
+	)
 	switch {
-	case errors.Is(cause, ErrCrashed):
-		return nil, cause
-	case errors.Is(cause, ErrLeaseLost):
+	case errors.As(cause, &lost):
 		a.e.observeLeaseLost(a.w.name)
 		a.e.logger.WarnContext(ctx, "lease lost; this attempt's uncommitted writes rolled back", a.logAttrs(step)...)
 		return nil, stepErr
 	case errors.As(cause, &panicErr):
 		a.e.logger.ErrorContext(ctx, "workflow step panicked",
 			a.logAttrs(step, slog.Any("panic", panicErr.Value), slog.String("stack", string(panicErr.Stack)))...)
+	case ctx.Err() != nil:
+		a.e.logger.InfoContext(ctx, "caller went away; the work stays resumable", a.logAttrs(step)...)
 	default:
 		a.e.logger.WarnContext(ctx, "workflow step failed", a.logAttrs(step, slog.Any("error", cause))...)
 	}
@@ -338,11 +381,17 @@ func (a *attempt[Req, State]) failed(ctx context.Context, tx pgx.Tx, step string
 	if !ok {
 		return nil, stepErr
 	}
-	if a.e.maxAttempts > 0 && rec.Attempts+1 >= a.e.maxAttempts {
-		return a.failTerminally(cleanupCtx, nil, rec.Fence(), rec.Attempts+1, cause)
+	var err error
+	switch {
+	case ctx.Err() != nil:
+		err = a.e.store.HandBack(cleanupCtx, rec.Fence(), stepErr.Error())
+	case a.e.maxAttempts > 0 && rec.Attempts+1 >= a.e.maxAttempts:
+		return a.failTerminally(cleanupCtx, rec.Fence(), rec.Attempts+1, cause)
+	default:
+		err = a.e.store.Release(cleanupCtx, rec.Fence(), stepErr.Error())
 	}
-	if err := a.e.store.Release(cleanupCtx, rec.Fence(), stepErr.Error()); err != nil {
-		a.e.logger.WarnContext(ctx, "could not release the lease", a.logAttrs(step, slog.Any("error", err))...)
+	if err != nil {
+		a.e.logger.WarnContext(ctx, "could not hand the lease back", a.logAttrs(step, slog.Any("error", err))...)
 	}
 	return nil, stepErr
 }
@@ -353,8 +402,9 @@ func (a *attempt[Req, State]) failed(ctx context.Context, tx pgx.Tx, step string
 // own, so that the outcome can be recorded.
 func (a *attempt[Req, State]) recordAfterRollback(ctx context.Context, reclaim bool) (*recovery.Record, bool) {
 	if !a.claimOpen {
-		return a.rec, true
+		return a.rec, a.rec != nil
 	}
+	a.claimOpen = false
 	if !reclaim {
 		return nil, false
 	}
@@ -365,23 +415,46 @@ func (a *attempt[Req, State]) recordAfterRollback(ctx context.Context, reclaim b
 	return rec, true
 }
 
-// failTerminally stores a 500 for the key and returns it.
-func (a *attempt[Req, State]) failTerminally(ctx context.Context, tx pgx.Tx, fence recovery.Fence, attempts int, cause error) (*Result, error) {
+// failTerminally stores a 500 for the key, in the open transaction if any,
+// and returns it.
+func (a *attempt[Req, State]) failTerminally(ctx context.Context, fence recovery.Fence, attempts int, cause error) (*Result, error) {
 	resp := Problem(500, fmt.Sprintf("%s failed after %d attempts and will not be retried", a.w.name, attempts))
-	if err := a.storeFor(tx).Fail(ctx, fence, resp, fmt.Sprintf("after %d attempts: %v", attempts, cause)); err != nil {
-		rollback(tx)
+	if err := a.store().Fail(ctx, fence, resp, fmt.Sprintf("after %d attempts: %v", attempts, cause)); err != nil {
+		a.rollback()
 		return nil, &StepError{Workflow: a.w.name, Attempt: attempts, Err: fmt.Errorf("fail terminally: %w", err)}
 	}
-	if tx != nil {
-		if err := a.commit(ctx, tx); err != nil {
+	if a.tx != nil {
+		if err := a.commit(ctx); err != nil {
 			return nil, &StepError{Workflow: a.w.name, Attempt: attempts, Err: err}
 		}
 	}
 	a.e.logger.ErrorContext(ctx, "workflow failed terminally", a.logAttrs("", slog.Int("attempts", attempts), slog.Any("error", cause))...)
-	return &Result{Response: resp, Outcome: a.outcome, Failed: true}, nil
+	return &Result{Response: a.e.store.Stored(resp), Outcome: a.outcome, Failed: true}, nil
 }
 
-func (a *attempt[Req, State]) commit(ctx context.Context, tx pgx.Tx) error {
+func (a *attempt[Req, State]) begin(ctx context.Context) error {
+	tx, err := a.e.db.BeginTx(ctx, txOptions)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	a.tx = tx
+	return nil
+}
+
+// beforeCommit is the crash point before step's commit: a hook that stops
+// the attempt there rolls the transaction back, as a process death would.
+func (a *attempt[Req, State]) beforeCommit(ctx context.Context, step string) error {
+	if err := a.e.crashPoint(ctx, a.key, BeforeCommit, step); err != nil {
+		a.rollback()
+		return err
+	}
+	return nil
+}
+
+// commit commits the open transaction.
+func (a *attempt[Req, State]) commit(ctx context.Context) error {
+	tx := a.tx
+	a.tx = nil
 	if err := tx.Commit(ctx); err != nil {
 		a.claimOpen = false // the commit may have landed: write with the fence from now on
 		return fmt.Errorf("commit: %w", err)
@@ -391,11 +464,21 @@ func (a *attempt[Req, State]) commit(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-func (a *attempt[Req, State]) storeFor(tx pgx.Tx) *recovery.Store {
-	if tx == nil {
+// rollback ends the open transaction, if any, without committing. Its error
+// is of no use: a failed rollback leaves nothing committed either.
+func (a *attempt[Req, State]) rollback() {
+	if a.tx != nil {
+		_ = a.tx.Rollback(context.Background())
+		a.tx = nil
+	}
+}
+
+// store returns the engine's store, in the open transaction if any.
+func (a *attempt[Req, State]) store() *recovery.Store {
+	if a.tx == nil {
 		return a.e.store
 	}
-	return a.e.store.WithTx(tx)
+	return a.e.store.WithTx(a.tx)
 }
 
 func (a *attempt[Req, State]) resumedFrom() string {
@@ -412,12 +495,4 @@ func (a *attempt[Req, State]) logAttrs(step string, extra ...any) []any {
 		attrs = append(attrs, slog.String("step", step))
 	}
 	return append(attrs, extra...)
-}
-
-// rollback ends tx, if any, without committing. Its error is of no use: a
-// failed rollback leaves nothing committed either.
-func rollback(tx pgx.Tx) {
-	if tx != nil {
-		_ = tx.Rollback(context.Background())
-	}
 }

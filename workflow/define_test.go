@@ -41,9 +41,9 @@ func TestCrashPointsFollowTheDefinition(t *testing.T) {
 		got = append(got, p.String())
 	}
 	require.Equal(t, []string{
-		"before a1", "after a1's commit",
+		"before a1", "before a1's commit", "after a1's commit",
 		"before f1", "after f1's call", // f1's result commits with a2
-		"before a2", "after a2's commit",
+		"before a2", "before a2's commit", "after a2's commit",
 		"before f2", "after f2's call", "after f2's commit", // f3 follows: f2 commits alone
 		"before f3", "after f3's call", "after f3's commit",
 	}, got)

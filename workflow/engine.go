@@ -22,7 +22,7 @@ const MaxAttemptsDefault = 10
 // DB is what the engine needs of a database: *pgxpool.Pool satisfies it.
 type DB interface {
 	recovery.DBTX
-	Begin(ctx context.Context) (pgx.Tx, error)
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
 // Config configures an Engine. The zero value is ready to use.
@@ -33,7 +33,13 @@ type Config struct {
 
 	// Lease is how long an attempt holds a key without committing progress.
 	// Each commit extends it, and a step running longer than a third of it
-	// has it renewed by a heartbeat. 0 means recovery.LeaseDefault (30s).
+	// has it renewed by a heartbeat; a step whose renewals all fail for a
+	// whole lease is cancelled. 0 means recovery.LeaseDefault (30s).
+	//
+	// The first atomic phase needs no heartbeat: its uncommitted claim holds
+	// the key's row lock, so a concurrent duplicate waits for that short
+	// transaction (rather than getting ErrInFlight at once) and then sees
+	// the record. Keep first phases short.
 	Lease time.Duration
 
 	// MaxAttempts is how many attempts may end without finishing (an error,
@@ -127,7 +133,8 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 
 // Register makes workflows resumable by this engine: Resume looks a record's
 // workflow up by name. Run registers the workflow it runs. Two different
-// definitions under one name are an error.
+// definitions under one name are an error: declare each workflow once, as a
+// package-level value, rather than per call.
 func (e *Engine) Register(defs ...Definition) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -42,8 +42,12 @@ type StepError struct {
 	Err      error
 }
 
-// Error names the workflow, the step and the attempt.
+// Error names the workflow, the step (when the failure was in one) and the
+// attempt.
 func (e *StepError) Error() string {
+	if e.Step == "" {
+		return fmt.Sprintf("workflow %s (attempt %d): %v", e.Workflow, e.Attempt, e.Err)
+	}
 	return fmt.Sprintf("workflow %s: step %s (attempt %d): %v", e.Workflow, e.Step, e.Attempt, e.Err)
 }
 

@@ -3,15 +3,19 @@ package workflow
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 )
 
 // heartbeat renews the lease every third of it while a step runs. It
-// returns the step's context, cancelled with ErrLeaseLost if a renewal finds
-// the lease taken over, and a stop function that ends the heartbeat, waits
-// for it, and returns that loss, if any. Disabled, it only wraps ctx.
+// returns the step's context and a stop function. The context is cancelled
+// when a renewal finds the key taken over, or when no renewal has succeeded
+// for a whole lease (the database is out of reach, so the lease may have
+// ended and another attempt may be running the same step). stop ends the
+// heartbeat, waits for it, and returns the lease's loss, if any, marked as
+// the engine's own finding. Disabled, it only wraps ctx.
 func (a *attempt[Req, State]) heartbeat(ctx context.Context, step string, enabled bool) (context.Context, func() error) {
 	stepCtx, cancel := context.WithCancelCause(ctx)
 	if !enabled {
@@ -20,11 +24,13 @@ func (a *attempt[Req, State]) heartbeat(ctx context.Context, step string, enable
 	var (
 		done = make(chan struct{})
 		wg   sync.WaitGroup
+		lost error // set by the heartbeat goroutine, read after it ends
 	)
 	fence := a.rec.Fence()
 	wg.Go(func() {
 		ticker := time.NewTicker(a.e.lease / 3)
 		defer ticker.Stop()
+		renewed := time.Now() // the claim or commit that preceded the step
 		for {
 			select {
 			case <-done:
@@ -38,22 +44,30 @@ func (a *attempt[Req, State]) heartbeat(ctx context.Context, step string, enable
 				a.e.hooks.LeaseRenewed(a.key, step, until, err)
 			}
 			switch {
+			case err == nil:
+				renewed = time.Now()
 			case errors.Is(err, ErrLeaseLost):
-				cancel(err)
+				lost = &lostLease{err}
+			case stepCtx.Err() != nil:
 				return
-			case err != nil && stepCtx.Err() == nil:
+			case time.Since(renewed) >= a.e.lease:
+				lost = &lostLease{fmt.Errorf("%w: no renewal succeeded for a whole lease (%s): %w", ErrLeaseLost, a.e.lease, err)}
+			default:
 				a.e.logger.WarnContext(ctx, "could not renew the lease; will try again", a.logAttrs(step, slog.Any("error", err))...)
+				continue
+			}
+			if lost != nil {
+				cancel(lost)
+				return
 			}
 		}
 	})
 	return stepCtx, func() error {
+		// Cancel first: a renewal waiting for a connection the step holds
+		// must not keep the step from finishing.
 		close(done)
-		wg.Wait()
-		lost := context.Cause(stepCtx)
 		cancel(nil)
-		if errors.Is(lost, ErrLeaseLost) {
-			return lost
-		}
-		return nil
+		wg.Wait()
+		return lost
 	}
 }

@@ -20,6 +20,12 @@ const (
 	AfterForeignCall
 	// AfterCommit: the step's commit succeeded, the caller not yet told.
 	AfterCommit
+	// BeforeCommit: an atomic phase's writes and recovery point are made,
+	// its transaction not yet committed. This point alone comes with the
+	// transaction open: a hook that returns an error there has it rolled
+	// back, as a process death would; a hook that blocks there holds its
+	// locks, the key's row among them.
+	BeforeCommit
 )
 
 // CrashPoint is a place where a process could die with interesting
@@ -38,19 +44,22 @@ func (p CrashPoint) String() string {
 		return "after " + p.Step + "'s call"
 	case AfterCommit:
 		return "after " + p.Step + "'s commit"
+	case BeforeCommit:
+		return "before " + p.Step + "'s commit"
 	}
 	return fmt.Sprintf("CrashPoint(%d, %s)", p.Kind, p.Step)
 }
 
 // Hooks observe and interrupt attempts, for tests.
 type Hooks struct {
-	// CrashPoint is called at every crash point an attempt passes, never
-	// with a transaction open. If it returns an error, the attempt stops
-	// there as a process death would: no lease release, no cleanup, no
-	// further writes, and Run returns an error matching ErrCrashed. To test
-	// an attempt that stalls and wakes up after its lease was taken over,
-	// block in the hook and return nil: every write it tries afterwards is
-	// fenced out.
+	// CrashPoint is called at every crash point an attempt passes; only
+	// BeforeCommit comes with a transaction open. If it returns an error,
+	// the attempt stops there as a process death would: an open
+	// transaction rolls back, and there is no lease release, no cleanup, no
+	// further write; Run returns an error matching ErrCrashed. To test an
+	// attempt that stalls and wakes up after its lease was taken over,
+	// block in the hook (at any point but BeforeCommit) and return nil:
+	// every write it tries afterwards is fenced out.
 	CrashPoint func(ctx context.Context, key Key, p CrashPoint) error
 
 	// LeaseRenewed is called after each heartbeat renewal, with the new
@@ -60,7 +69,7 @@ type Hooks struct {
 
 // CrashPoints lists, from a workflow's definition, every crash point a run
 // from the first step passes, in order: before each step, after each foreign
-// call, and after each commit.
+// call, before each atomic phase's commit, and after each commit.
 func CrashPoints(d Definition) []CrashPoint {
 	steps := d.Steps()
 	var points []CrashPoint
@@ -68,6 +77,9 @@ func CrashPoints(d Definition) []CrashPoint {
 		points = append(points, CrashPoint{BeforeStep, s.Name})
 		if s.Kind == phase.KindForeign {
 			points = append(points, CrashPoint{AfterForeignCall, s.Name})
+		}
+		if s.Kind == phase.KindAtomic {
+			points = append(points, CrashPoint{BeforeCommit, s.Name})
 		}
 		// A foreign result followed by an atomic phase commits with it.
 		if s.Kind == phase.KindAtomic || i == len(steps)-1 || steps[i+1].Kind == phase.KindForeign {

@@ -107,6 +107,9 @@ func (c *Counter) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, data pgx.Tr
 	}
 }
 
+// isBegin reports a statement that opens a transaction block, whatever its
+// options ("begin isolation level read committed").
 func isBegin(sql string) bool {
-	return strings.EqualFold(strings.TrimSpace(sql), "begin")
+	s := strings.ToLower(strings.TrimSpace(sql))
+	return s == "begin" || strings.HasPrefix(s, "begin ") || strings.HasPrefix(s, "start transaction")
 }

@@ -45,6 +45,12 @@ func TestCountsCommitsAsPostgreSQLDoes(t *testing.T) {
 			return err
 		}))
 	})
+	step("a block with options commits once", 3, 0, 1, func() {
+		require.NoError(t, pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO t VALUES (1)`)
+			return err
+		}))
+	})
 	step("a rolled-back block commits nothing", 3, 0, 0, func() {
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
@@ -79,5 +85,5 @@ func TestCountsCommitsAsPostgreSQLDoes(t *testing.T) {
 	})
 	var n int
 	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM t`).Scan(&n))
-	require.Equal(t, 5, n)
+	require.Equal(t, 6, n)
 }

@@ -1,0 +1,240 @@
+package workflow_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/recovery"
+	"github.com/onceflow/onceflow/workflow"
+)
+
+// TestRejectAfterAForeignCallIsStored: once a foreign call ran, a Reject
+// would delete the record and a retry would repeat the call under a new
+// downstream key; so it is stored like Respond.
+func TestRejectAfterAForeignCallIsStored(t *testing.T) {
+	w := newWorld(t)
+	wf := workflow.Define("charge_then_check",
+		foreign.Mutation("charge", func(_ context.Context, c *foreign.Call[Order, Paid]) error {
+			c.State.ChargeID = w.provider.Charge(c.Key)
+			return nil
+		}),
+		atomicStep("check", func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error {
+			return workflow.Reject(workflow.Problem(422, "too late"))
+		}),
+	)
+	e := w.engine(workflow.Config{})
+	res, err := e.Run(w.ctx, acme, wf, order)
+	require.NoError(t, err)
+	require.False(t, res.Rejected)
+	require.Equal(t, 422, res.Response.Status)
+	again, err := e.Run(w.ctx, acme, wf, order)
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	require.Equal(t, 1, w.provider.Effects())
+}
+
+// TestFirstAnswerIsTheReplayedAnswer: the caller that ran the workflow gets
+// the response exactly as every replay will: allow-listed headers, an empty
+// body rather than none.
+func TestFirstAnswerIsTheReplayedAnswer(t *testing.T) {
+	w := newWorld(t)
+	wf := workflow.Define("headers", foreignStep("noop", func() error { return nil })).
+		Finish(func(*Paid) workflow.Response {
+			return workflow.Response{Status: 204, Header: http.Header{"content-type": {"x/y"}, "X-Internal": {"1"}}}
+		})
+	e := w.engine(workflow.Config{})
+	first, err := e.Run(w.ctx, acme, wf, order)
+	require.NoError(t, err)
+	replay, err := e.Run(w.ctx, acme, wf, order)
+	require.NoError(t, err)
+	require.True(t, replay.Replayed)
+	require.Equal(t, replay.Response, first.Response)
+	require.Equal(t, http.Header{"Content-Type": {"x/y"}}, first.Response.Header)
+}
+
+// TestHeartbeatDoesNotDeadlockAFullPool: with every connection held by
+// steps, a renewal waiting for one must not keep the steps from finishing.
+func TestHeartbeatDoesNotDeadlockAFullPool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{}))
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	const lease = 60 * time.Millisecond
+	wf := workflow.Define("slow_phases",
+		foreignStep("first", func() error { return nil }),
+		atomicStep("long", func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error {
+			time.Sleep(2 * lease) // the step's work; heartbeats come due meanwhile
+			return nil
+		}),
+	)
+	e, err := workflow.NewEngine(db, workflow.Config{Lease: lease})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	res, err := e.Run(runCtx, acme, wf, order)
+	require.NoError(t, err)
+	require.Equal(t, 200, res.Response.Status)
+}
+
+// TestCancelledCallerNeverFailsTheKey: a caller going away is not the
+// work failing: even at MaxAttempts 1 the key stays resumable.
+func TestCancelledCallerNeverFailsTheKey(t *testing.T) {
+	w := newWorld(t)
+	ctx, cancel := context.WithCancel(w.ctx)
+	w.before = func(stepCtx context.Context, step string) error {
+		if step == "charge" {
+			cancel()
+			<-stepCtx.Done()
+			return stepCtx.Err()
+		}
+		return nil
+	}
+	wf := w.checkout()
+	e := w.engine(workflow.Config{MaxAttempts: 1})
+	_, err := e.Run(ctx, acme, wf, order)
+	require.ErrorIs(t, err, context.Canceled)
+	rec, err := e.Store().Load(w.ctx, acme)
+	require.NoError(t, err)
+	require.Equal(t, recovery.StatusInFlight, rec.Status)
+	require.True(t, rec.Released)
+	require.Zero(t, rec.Attempts, "a caller that went away does not count")
+
+	w.before = nil
+	res, err := e.Run(w.ctx, acme, wf, order)
+	require.NoError(t, err)
+	require.Equal(t, 201, res.Response.Status)
+}
+
+// exploding fails to encode once it is marked.
+type exploding struct{ Boom bool }
+
+func (x exploding) MarshalJSON() ([]byte, error) {
+	if x.Boom {
+		panic("cannot encode")
+	}
+	return []byte(`{}`), nil
+}
+
+// TestPanicOutsideStepFunctionsRollsBack: a panic in the state's encoder,
+// with the first phase's transaction open, rolls back, releases no
+// connection to the void, and leaves a resumable record.
+func TestPanicOutsideStepFunctionsRollsBack(t *testing.T) {
+	w := newWorld(t)
+	wf := workflow.Define("explode",
+		phase.Atomic("mark", func(_ context.Context, _ pgx.Tx, r *phase.Run[Order, exploding]) error {
+			r.State.Boom = true
+			return nil
+		}),
+		phase.Atomic("never", func(context.Context, pgx.Tx, *phase.Run[Order, exploding]) error { return nil }),
+	)
+	e := w.engine(workflow.Config{})
+	_, err := e.Run(w.ctx, acme, wf, order)
+	var panicErr *phase.PanicError
+	require.ErrorAs(t, err, &panicErr)
+	require.Equal(t, "cannot encode", panicErr.Value)
+	require.Zero(t, w.db.Stat().AcquiredConns(), "no connection is left in a transaction")
+	rec, err := e.Store().Load(w.ctx, acme)
+	require.NoError(t, err)
+	require.True(t, rec.Released)
+	require.Equal(t, 1, rec.Attempts)
+}
+
+// TestServerDefaultIsolationDoesNotMatter: the engine's transactions are
+// READ COMMITTED even on a server that defaults to REPEATABLE READ, so
+// racing duplicates see "in flight", never a serialization error.
+func TestServerDefaultIsolationDoesNotMatter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{}))
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	_, err = db.Exec(ctx, `CREATE TABLE hits (n int)`)
+	require.NoError(t, err)
+	wf := workflow.Define("hit",
+		phase.Atomic("hit", func(ctx context.Context, tx pgx.Tx, _ *phase.Run[Order, Paid]) error {
+			_, err := tx.Exec(ctx, `INSERT INTO hits VALUES (1)`)
+			return err
+		}))
+	e, err := workflow.NewEngine(db, workflow.Config{})
+	require.NoError(t, err)
+	var (
+		wg    sync.WaitGroup
+		start = make(chan struct{})
+		other atomic.Int32
+	)
+	for range 16 {
+		wg.Go(func() {
+			<-start
+			_, err := e.Run(ctx, acme, wf, order)
+			if err != nil && !errors.Is(err, workflow.ErrInFlight) {
+				other.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	require.Zero(t, other.Load(), "only successes, replays and ErrInFlight")
+	var hits int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM hits`).Scan(&hits))
+	require.Equal(t, 1, hits)
+}
+
+// failingRenewals fails the lease renewal statement while fail is set, as
+// an unreachable database would.
+type failingRenewals struct {
+	*pgxpool.Pool
+	fail atomic.Bool
+}
+
+func (f *failingRenewals) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if f.fail.Load() && strings.Contains(sql, "RETURNING locked_until") {
+		return errRow{errors.New("connection refused")}
+	}
+	return f.Pool.QueryRow(ctx, sql, args...)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// TestRenewalsFailingForALeaseStopTheStep: when no renewal succeeds for a
+// whole lease, another attempt may be running the step: this one stops.
+func TestRenewalsFailingForALeaseStopTheStep(t *testing.T) {
+	w := newWorld(t)
+	db := &failingRenewals{Pool: w.db}
+	failures := make(chan error, 100)
+	wf := workflow.Define("long_call",
+		foreign.Mutation("call", func(ctx context.Context, _ *foreign.Call[Order, Paid]) error {
+			db.fail.Store(true)
+			<-ctx.Done()
+			return context.Cause(ctx)
+		}))
+	e, err := workflow.NewEngine(db, workflow.Config{Lease: 150 * time.Millisecond, Hooks: &workflow.Hooks{
+		LeaseRenewed: func(_ workflow.Key, _ string, _ time.Time, err error) { failures <- err },
+	}})
+	require.NoError(t, err)
+	_, err = e.Run(w.ctx, acme, wf, order)
+	require.ErrorIs(t, err, workflow.ErrLeaseLost)
+	require.ErrorContains(t, err, "no renewal succeeded for a whole lease")
+	require.Error(t, <-failures, "renewals were tried and failed")
+}
