@@ -1,0 +1,103 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/onceflow/onceflow/recovery"
+	"github.com/onceflow/onceflow/workflow"
+)
+
+// Validator is a request that can say what is wrong with it. Workflow
+// answers 422 with the error, before any record is made.
+type Validator interface {
+	Validate() error
+}
+
+// Workflow returns a handler that runs wf for each request: it decodes the
+// JSON body into a Req (strictly: unknown fields are 400), validates it if
+// it is a Validator (422), runs the workflow under the request's key and
+// writes its response, with Idempotent-Replayed: true on a replay. A step's
+// failure is 500 and the key stays resumable: a retry with the same key, or
+// the sweeper, finishes the work.
+func Workflow[Req, State any](engine *workflow.Engine, wf *workflow.Workflow[Req, State], cfg Config) (http.Handler, error) {
+	c, err := newCore(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := engine.Register(wf); err != nil {
+		return nil, err
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, p := c.key(r)
+		if p != nil {
+			writeProblem(w, p)
+			return
+		}
+		body, p := c.readBody(w, r)
+		if p != nil {
+			writeProblem(w, p)
+			return
+		}
+		var req Req
+		if p := decode(body, &req); p != nil {
+			writeProblem(w, p)
+			return
+		}
+		res, err := engine.Run(r.Context(), key, wf, req)
+		if err != nil {
+			c.runFailed(w, r, err)
+			return
+		}
+		writeResponse(w, res.Response, res.Replayed)
+	}), nil
+}
+
+// decode reads a JSON request strictly and validates it. The body is
+// canonicalized first, so 5e2 decodes into an integer as 500 would.
+func decode(body []byte, req any) *problem {
+	canonical, err := recovery.Canonicalize(nil, body)
+	if err != nil {
+		return &problem{status: http.StatusBadRequest, detail: "the body is not valid JSON: " + err.Error()}
+	}
+	dec := json.NewDecoder(bytes.NewReader(canonical))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(req); err != nil {
+		return &problem{status: http.StatusBadRequest, detail: "the body is not a valid request: " + err.Error()}
+	}
+	if dec.More() {
+		return &problem{status: http.StatusBadRequest, detail: "the body holds more than one JSON value"}
+	}
+	if v, ok := req.(Validator); ok {
+		if err := v.Validate(); err != nil {
+			return &problem{status: http.StatusUnprocessableEntity, detail: err.Error()}
+		}
+	}
+	return nil
+}
+
+// runFailed answers a run that returned an error.
+func (c *core) runFailed(w http.ResponseWriter, r *http.Request, err error) {
+	var stepErr *workflow.StepError
+	switch {
+	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
+		return // the client is gone; the work stays resumable
+	case errors.Is(err, workflow.ErrLeaseLost):
+		writeProblem(w, &problem{status: http.StatusConflict, retryAfter: time.Second,
+			detail: "another attempt took this request over; retry to get its answer"})
+	case errors.As(err, &stepErr):
+		writeProblem(w, &problem{status: http.StatusInternalServerError,
+			detail: "the request failed part-way; retry with the same key to resume it"})
+	case errors.Is(err, recovery.ErrInFlight), errors.Is(err, recovery.ErrMismatch), errors.Is(err, recovery.ErrInvalidInput):
+		writeProblem(w, c.claimProblem(r, err))
+	default:
+		c.logger.ErrorContext(r.Context(), "workflow could not run", slog.Any("error", err))
+		writeProblem(w, &problem{status: http.StatusServiceUnavailable, retryAfter: time.Second,
+			detail: "the request could not be made safe to retry, so it was not run; retry shortly"})
+	}
+}

@@ -1,0 +1,162 @@
+package idemhttp_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/idemhttp"
+	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/workflow"
+)
+
+type Payment struct {
+	AmountCents int64 `json:"amount_cents"`
+}
+
+func (p Payment) Validate() error {
+	if p.AmountCents <= 0 {
+		return errors.New("amount_cents must be positive")
+	}
+	return nil
+}
+
+type Paid struct {
+	Row    int64  `json:"row"`
+	Charge string `json:"charge"`
+}
+
+type workflowServer struct {
+	*server
+	failCharge atomic.Int32 // the charge fails this many more times
+	block      chan gate
+}
+
+// gate holds a charge: it closes entered, then waits for release.
+type gate struct{ entered, release chan struct{} }
+
+func newWorkflowServer(t *testing.T) *workflowServer {
+	t.Helper()
+	t.Parallel()
+	s := &workflowServer{server: &server{t: t, db: dbtest.NewPool(t, 16)}, block: make(chan gate, 1)}
+	_, err := s.db.Exec(context.Background(), `CREATE TABLE payments (id bigserial PRIMARY KEY, charge text)`)
+	require.NoError(t, err)
+	wf := workflow.Define("pay",
+		phase.Atomic("insert", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Payment, Paid]) error {
+			return tx.QueryRow(ctx, `INSERT INTO payments DEFAULT VALUES RETURNING id`).Scan(&r.State.Row)
+		}),
+		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Payment, Paid]) error {
+			s.runs.Add(1)
+			select {
+			case g := <-s.block:
+				close(g.entered)
+				<-g.release
+			default:
+			}
+			if s.failCharge.Add(-1) >= 0 {
+				return errors.New("provider timeout")
+			}
+			c.State.Charge = c.Key[:12]
+			return nil
+		}),
+		phase.Atomic("record", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Payment, Paid]) error {
+			_, err := tx.Exec(ctx, `UPDATE payments SET charge = $2 WHERE id = $1`, r.State.Row, r.State.Charge)
+			return err
+		}),
+	).Finish(func(s *Paid) workflow.Response { return workflow.JSON(http.StatusCreated, s) })
+	engine, err := workflow.NewEngine(s.db, workflow.Config{})
+	require.NoError(t, err)
+	h, err := idemhttp.Workflow(engine, wf, idemhttp.Config{})
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/charges", h)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	s.url = srv.URL
+	return s
+}
+
+func TestWorkflowHandler(t *testing.T) {
+	s := newWorkflowServer(t)
+	first := s.post("/v1/charges", "k1", "acme", `{"amount_cents": 500}`)
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+	require.Contains(t, first.body, `"charge":"of1_`)
+	again := s.post("/v1/charges", "k1", "acme", `{"amount_cents":5e2}`)
+	require.Equal(t, first.body, again.body)
+	require.Equal(t, "true", again.header.Get(idemhttp.ReplayedHeader))
+	require.EqualValues(t, 1, s.runs.Load())
+
+	mismatch := s.post("/v1/charges", "k1", "acme", `{"amount_cents": 501}`)
+	require.Equal(t, http.StatusUnprocessableEntity, mismatch.status)
+}
+
+func TestWorkflowHandlerRejectsBadBodiesWithoutARecord(t *testing.T) {
+	s := newWorkflowServer(t)
+	for body, status := range map[string]int{
+		`{"amount_cents": 0}`:             http.StatusUnprocessableEntity, // Validate
+		`{"amount_cents": 1, "extra": 1}`: http.StatusBadRequest,          // unknown field
+		`{"amount_cents": "1"}`:           http.StatusBadRequest,
+		`{"amount_cents": 1} {}`:          http.StatusBadRequest,
+		`not json`:                        http.StatusBadRequest,
+	} {
+		r := s.post("/v1/charges", "k1", "acme", body)
+		require.Equal(t, status, r.status, body)
+		problemOf(t, r)
+	}
+	require.Zero(t, s.runs.Load())
+	var keys int
+	require.NoError(t, s.db.QueryRow(context.Background(), `SELECT count(*) FROM onceflow_keys`).Scan(&keys))
+	require.Zero(t, keys)
+}
+
+func TestWorkflowHandlerFailureThenResume(t *testing.T) {
+	s := newWorkflowServer(t)
+	s.failCharge.Store(1)
+	failed := s.post("/v1/charges", "k1", "acme", `{"amount_cents": 500}`)
+	require.Equal(t, http.StatusInternalServerError, failed.status)
+	require.Contains(t, problemOf(t, failed), "retry with the same key to resume")
+	ok := s.post("/v1/charges", "k1", "acme", `{"amount_cents": 500}`)
+	require.Equal(t, http.StatusCreated, ok.status)
+	var rows int
+	require.NoError(t, s.db.QueryRow(context.Background(), `SELECT count(*) FROM payments`).Scan(&rows))
+	require.Equal(t, 1, rows, "the retry resumed after insert")
+}
+
+func TestWorkflowHandlerInFlight(t *testing.T) {
+	s := newWorkflowServer(t)
+	g := gate{entered: make(chan struct{}), release: make(chan struct{})}
+	s.block <- g
+	done := make(chan reply, 1)
+	go func() { done <- s.post("/v1/charges", "k1", "acme", `{"amount_cents": 500}`) }()
+	<-g.entered // the first request is in its charge, its first phase committed
+	r := s.post("/v1/charges", "k1", "acme", `{"amount_cents": 500}`)
+	require.Equal(t, http.StatusConflict, r.status)
+	require.NotEmpty(t, r.header.Get("Retry-After"))
+	close(g.release)
+	require.Equal(t, http.StatusCreated, (<-done).status)
+}
+
+func TestWorkflowHandlerNeedsKeyAndTenant(t *testing.T) {
+	s := newWorkflowServer(t)
+	require.Equal(t, 400, s.post("/v1/charges", "", "acme", `{"amount_cents": 1}`).status)
+	require.Equal(t, 401, s.post("/v1/charges", "k", "", `{"amount_cents": 1}`).status)
+	req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/charges", strings.NewReader(`{"amount_cents": 1}`))
+	req.Header.Set("Idempotency-Key", "k")
+	req.Header.Add("Idempotency-Key", "k2")
+	req.Header.Set("X-Tenant-ID", "acme")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, 400, resp.StatusCode, string(body))
+}
