@@ -68,10 +68,16 @@ func TestMetricsOverHTTP(t *testing.T) {
 	require.NoError(t, err)
 	pruner, err := sweeper.NewPruner(db, sweeper.PrunerConfig{Observer: m, Pause: -1})
 	require.NoError(t, err)
-	s, err := sweeper.New(sweeper.Config{Observer: m, Tasks: []sweeper.Scheduled{{Schedule: "@hourly", Task: pruner}}})
+	reporter, err := sweeper.NewCompleter(db, nil, sweeper.CompleterConfig{Observer: m})
 	require.NoError(t, err)
-	s.RunNow(ctx)
-	m.OldestInFlight(0)
+	_, err = db.Exec(ctx, `INSERT INTO onceflow_keys (tenant_id, key, id, workflow, request_hash, owner, locked_until, created_at)
+		VALUES ('acme', 'stuck', gen_random_uuid(), 'gone', decode(repeat('00', 32), 'hex'), gen_random_uuid(),
+			now() - interval '1 hour', now() - interval '2 hours')`)
+	require.NoError(t, err)
+	s, err := sweeper.New(sweeper.Config{Observer: m, Tasks: []sweeper.Scheduled{
+		{Schedule: "@hourly", Task: pruner}, {Schedule: "@hourly", Task: reporter}}})
+	require.NoError(t, err)
+	require.NoError(t, s.RunNow(ctx))
 
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
@@ -90,7 +96,8 @@ func TestMetricsOverHTTP(t *testing.T) {
 		`onceflow_outbox_messages_total{outcome="delivered",topic="receipt"} 1`,
 		`onceflow_pruned_rows_total{table="onceflow_keys"} 1`,
 		`onceflow_sweeper_task_runs_total{result="ok",task="pruner"} 1`,
-		`onceflow_oldest_in_flight_seconds 0`,
+		`onceflow_abandoned_records{workflow="gone"} 1`,
+		`onceflow_oldest_in_flight_seconds 72`, // two hours, as 7.2e+03
 		`go_goroutines`,
 	} {
 		require.Contains(t, string(body), line)

@@ -115,6 +115,9 @@ func encodePayload(p any) ([]byte, error) {
 // delivery that committed) it returns false without calling fn. Commit tx
 // after fn's writes: the record and the effect commit together. Concurrent
 // deliveries of one message wait for each other on the primary key.
+//
+// Dedupe keys are unique per topic: a consumer of several topics whose keys
+// may coincide should name itself per topic ("receipts/email").
 func (o *Outbox) Process(ctx context.Context, tx pgx.Tx, consumer, dedupeKey string, fn func() error) (bool, error) {
 	if err := recovery.CheckName("consumer", consumer); err != nil {
 		return false, err
@@ -192,15 +195,16 @@ func scanRecord(row pgx.CollectableRow) (Record, error) {
 	return s, err
 }
 
-// Retry makes a dead or pending message deliverable now with a fresh count
-// of attempts. Delivered messages are left alone (ErrNotFound).
+// Retry makes a dead message, or one waiting out a backoff, deliverable now
+// with a fresh count of attempts. A delivered message, or one a relay is
+// delivering, is left alone (ErrNotFound).
 func (o *Outbox) Retry(ctx context.Context, db DBTX, id int64) error {
 	tag, err := db.Exec(ctx, o.sql.retry, id)
 	if err != nil {
 		return fmt.Errorf("retry message %d: %w", id, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("retry message %d: %w (or already delivered)", id, ErrNotFound)
+		return fmt.Errorf("retry message %d: %w (or delivered, or being delivered)", id, ErrNotFound)
 	}
 	return nil
 }

@@ -342,3 +342,72 @@ func relayHelper() int {
 	_, _ = relay.RunOnce(ctx)
 	return 0
 }
+
+// TestBatchOutlivingItsLease: handlers slower than the lease allows for a
+// whole batch; the relay gives back what it cannot deliver in time, another
+// relay shares the work, and every delivery is recorded once.
+func TestBatchOutlivingItsLease(t *testing.T) {
+	b := setup(t)
+	const messages = 6
+	var msgs []outbox.Message
+	for i := range messages {
+		msgs = append(msgs, receipt(i))
+	}
+	b.enqueue(t, msgs...)
+	consume := sendReceipt(b.db, b.ob)
+	slow := func(ctx context.Context, m *outbox.Record) error {
+		select {
+		case <-time.After(100 * time.Millisecond): // the handler's work
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return consume(ctx, m)
+	}
+	cfg := outbox.RelayConfig{Handlers: map[string]outbox.Handler{"receipt": slow}, BatchSize: messages,
+		Lease: 300 * time.Millisecond, Backoff: func(int) time.Duration { return 0 }}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		total outbox.Stats
+	)
+	for range 2 {
+		relay, err := outbox.NewRelay(b.db, cfg)
+		require.NoError(t, err)
+		wg.Go(func() {
+			for {
+				stats, err := relay.RunOnce(b.ctx)
+				mu.Lock()
+				total.Delivered += stats.Delivered
+				mu.Unlock()
+				pending, lerr := b.ob.List(b.ctx, b.db, outbox.Filter{Status: outbox.StatusPending})
+				if err != nil || lerr != nil || len(pending) == 0 {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, messages, total.Delivered, "each delivery is recorded once, by the relay holding the message")
+	require.Equal(t, messages, countRows(t, b, `SELECT count(*) FROM receipts`))
+	require.Len(t, b.list(t, outbox.Filter{Status: outbox.StatusDelivered}), messages)
+}
+
+func TestRetryLeavesMessagesBeingDeliveredAlone(t *testing.T) {
+	b := setup(t)
+	b.enqueue(t, receipt(1))
+	entered, release := make(chan struct{}), make(chan struct{})
+	relay, err := outbox.NewRelay(b.db, outbox.RelayConfig{Handlers: map[string]outbox.Handler{"receipt": func(context.Context, *outbox.Record) error {
+		close(entered)
+		<-release
+		return nil
+	}}})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { _, err := relay.RunOnce(b.ctx); done <- err }()
+	<-entered
+	id := b.list(t, outbox.Filter{})[0].ID
+	require.ErrorIs(t, b.ob.Retry(b.ctx, b.db, id), outbox.ErrNotFound, "a message in delivery is not revived")
+	close(release)
+	require.NoError(t, <-done)
+	require.Len(t, b.list(t, outbox.Filter{Status: outbox.StatusDelivered}), 1)
+}

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/internal/dbschema"
@@ -58,8 +59,10 @@ type RelayConfig struct {
 	// LeaseDefault.
 	Lease time.Duration
 
-	// HandlerTimeout bounds one delivery. 0 means half the lease, so a
-	// delivery ends before its message can be taken again.
+	// HandlerTimeout bounds one delivery. 0 means half the lease. A
+	// delivery also ends before its batch's lease does: when too little of
+	// the lease is left, the rest of the batch is given back rather than
+	// delivered late, while another relay may take it.
 	HandlerTimeout time.Duration
 
 	// MaxAttempts is how many deliveries may fail before the message is
@@ -120,8 +123,10 @@ func NewRelay(db DBTX, cfg RelayConfig) (*Relay, error) {
 	if cfg.Backoff == nil {
 		cfg.Backoff = Backoff
 	}
-	if cfg.BatchSize < 0 || cfg.Lease < time.Millisecond || cfg.MaxAttempts < 1 {
-		return nil, fmt.Errorf("%w: relay batch size, lease and max attempts must be positive", ErrInvalidInput)
+	if cfg.BatchSize < 0 || cfg.Lease < time.Millisecond || cfg.MaxAttempts < 1 ||
+		cfg.HandlerTimeout <= 0 || cfg.HandlerTimeout > cfg.Lease {
+		return nil, fmt.Errorf("%w: relay batch size, lease, handler timeout (at most the lease) and max attempts must be positive",
+			ErrInvalidInput)
 	}
 	return &Relay{
 		db:     db,
@@ -138,82 +143,109 @@ func NewRelay(db DBTX, cfg RelayConfig) (*Relay, error) {
 func (r *Relay) RunOnce(ctx context.Context) (Stats, error) {
 	var stats Stats
 	for range maxBatchesPerRun {
-		batch, err := r.take(ctx)
+		b, err := r.take(ctx)
 		if err != nil {
 			return stats, err
 		}
-		for i := range batch {
+		for i := range b.messages {
 			if ctx.Err() != nil {
-				r.giveBack(batch[i:])
+				r.giveBack(b, b.messages[i:])
 				return stats, ctx.Err()
 			}
-			r.deliver(ctx, &batch[i], &stats)
+			if b.left() < r.cfg.Lease/10 {
+				// Too late to deliver within the lease: let a relay take
+				// these again rather than deliver them twice.
+				r.giveBack(b, b.messages[i:])
+				break
+			}
+			r.deliver(ctx, b, &b.messages[i], &stats)
 		}
-		if len(batch) < r.cfg.BatchSize {
+		if len(b.messages) < r.cfg.BatchSize {
 			return stats, nil
 		}
 	}
 	return stats, nil
 }
 
-func (r *Relay) take(ctx context.Context) ([]Record, error) {
-	rows, err := r.db.Query(ctx, r.sql.take, r.cfg.BatchSize, r.cfg.Lease.Microseconds(), r.topics)
-	if err != nil {
-		return nil, fmt.Errorf("take outbox batch: %w", err)
-	}
-	batch, err := pgx.CollectRows(rows, scanRecord)
-	if err != nil {
-		return nil, fmt.Errorf("take outbox batch: %w", err)
-	}
-	slices.SortFunc(batch, func(a, b Record) int { return cmp.Compare(a.ID, b.ID) })
-	return batch, nil
+// batch is one take: its messages, its token and when its lease ends.
+type batch struct {
+	messages []Record
+	token    uuid.UUID
+	deadline time.Time // local clock, a little before the database's lease end
 }
 
-// deliver hands m to its handler and records the outcome, guarded by the
-// attempt it took the message at.
-func (r *Relay) deliver(ctx context.Context, m *Record, stats *Stats) {
-	err := r.call(ctx, m)
+// left is how much of the batch's lease remains.
+func (b *batch) left() time.Duration { return time.Until(b.deadline) }
+
+func (r *Relay) take(ctx context.Context) (*batch, error) {
+	// The deadline is taken before the statement runs, so it falls before
+	// the lease the database grants.
+	b := &batch{token: uuid.New(), deadline: time.Now().Add(r.cfg.Lease)}
+	rows, err := r.db.Query(ctx, r.sql.take, r.cfg.BatchSize, r.cfg.Lease.Microseconds(), r.topics, b.token)
+	if err != nil {
+		return nil, fmt.Errorf("take outbox batch: %w", err)
+	}
+	b.messages, err = pgx.CollectRows(rows, scanRecord)
+	if err != nil {
+		return nil, fmt.Errorf("take outbox batch: %w", err)
+	}
+	slices.SortFunc(b.messages, func(x, y Record) int { return cmp.Compare(x.ID, y.ID) })
+	return b, nil
+}
+
+// deliver hands m to its handler and records the outcome under the batch's
+// token. An outcome that matches no row (the lease ran out, another relay
+// took the message) is dropped and not counted.
+func (r *Relay) deliver(ctx context.Context, b *batch, m *Record, stats *Stats) {
+	err := r.call(ctx, m, min(r.cfg.HandlerTimeout, b.left()))
 	if err != nil && ctx.Err() != nil {
-		r.giveBack([]Record{*m}) // the relay is stopping, not the handler failing
+		r.giveBack(b, []Record{*m}) // the relay is stopping, not the handler failing
 		return
 	}
 	// The outcome is written even if ctx ended meanwhile.
 	writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	attrs := []any{slog.Int64("id", m.ID), slog.String("topic", m.Topic), slog.Int("attempt", m.Attempts)}
+	write := func(sql string, args ...any) bool {
+		tag, werr := r.db.Exec(writeCtx, sql, append([]any{m.ID, b.token}, args...)...)
+		switch {
+		case werr != nil:
+			r.logger.WarnContext(ctx, "could not record a delivery's outcome; the message will be taken again",
+				append(attrs, slog.Any("error", werr))...)
+		case tag.RowsAffected() == 0:
+			r.logger.WarnContext(ctx, "the batch's lease ran out before the outcome was recorded; the message will be taken again",
+				attrs...)
+		default:
+			return true
+		}
+		return false
+	}
 	switch {
 	case err == nil:
-		if _, werr := r.db.Exec(writeCtx, r.sql.delivered, m.ID, m.Attempts); werr != nil {
-			r.logger.WarnContext(ctx, "could not mark a delivered message; it will be delivered again",
-				append(attrs, slog.Any("error", werr))...)
-			return
+		if write(r.sql.delivered) {
+			stats.Delivered++
+			r.observe(Observer.Delivered, m.Topic)
 		}
-		stats.Delivered++
-		r.observe(Observer.Delivered, m.Topic)
 	case m.Attempts >= r.cfg.MaxAttempts:
-		if _, werr := r.db.Exec(writeCtx, r.sql.dead, m.ID, m.Attempts, err.Error()); werr != nil {
-			r.logger.WarnContext(ctx, "could not dead-letter a message", append(attrs, slog.Any("error", werr))...)
-			return
+		if write(r.sql.dead, err.Error()) {
+			stats.Dead++
+			r.observe(Observer.Dead, m.Topic)
+			r.logger.ErrorContext(ctx, "outbox message dead-lettered", append(attrs, slog.Any("error", err))...)
 		}
-		stats.Dead++
-		r.observe(Observer.Dead, m.Topic)
-		r.logger.ErrorContext(ctx, "outbox message dead-lettered", append(attrs, slog.Any("error", err))...)
 	default:
 		wait := r.cfg.Backoff(m.Attempts)
-		if _, werr := r.db.Exec(writeCtx, r.sql.retryLater, m.ID, m.Attempts, wait.Microseconds(), err.Error()); werr != nil {
-			r.logger.WarnContext(ctx, "could not schedule a retry", append(attrs, slog.Any("error", werr))...)
-			return
+		if write(r.sql.retryLater, wait.Microseconds(), err.Error()) {
+			stats.Retried++
+			r.observe(Observer.Retried, m.Topic)
+			r.logger.WarnContext(ctx, "outbox delivery failed; will retry",
+				append(attrs, slog.Duration("after", wait), slog.Any("error", err))...)
 		}
-		stats.Retried++
-		r.observe(Observer.Retried, m.Topic)
-		r.logger.WarnContext(ctx, "outbox delivery failed; will retry",
-			append(attrs, slog.Duration("after", wait), slog.Any("error", err))...)
 	}
 }
 
 // call runs the handler with a timeout, turning a panic into an error.
-func (r *Relay) call(ctx context.Context, m *Record) (err error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.HandlerTimeout)
+func (r *Relay) call(ctx context.Context, m *Record, timeout time.Duration) (err error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	defer func() {
 		if v := recover(); v != nil {
@@ -230,12 +262,12 @@ func (r *Relay) call(ctx context.Context, m *Record) (err error) {
 }
 
 // giveBack makes taken messages available again at once, for a relay that
-// stops mid-batch.
-func (r *Relay) giveBack(batch []Record) {
+// stops mid-batch or runs short of lease.
+func (r *Relay) giveBack(b *batch, messages []Record) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for _, m := range batch {
-		_, _ = r.db.Exec(ctx, r.sql.giveBack, m.ID, m.Attempts)
+	for _, m := range messages {
+		_, _ = r.db.Exec(ctx, r.sql.giveBack, m.ID, b.token)
 	}
 }
 

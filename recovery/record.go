@@ -55,8 +55,10 @@ type Record struct {
 	Attempts  int
 	LastError string
 	// Response is the stored response; nil while in flight.
-	Response    *Response
-	CreatedAt   time.Time
+	Response  *Response
+	CreatedAt time.Time
+	// UpdatedAt is the last claim, commit, release or completion: the last
+	// progress. Lease renewals do not move it.
 	UpdatedAt   time.Time
 	CompletedAt time.Time // zero while in flight
 }

@@ -120,8 +120,9 @@ WHERE ` + fence
     last_error = $4, updated_at = clock_timestamp()
 WHERE ` + fence
 
-	renewSQL = `UPDATE {keys} SET locked_until = clock_timestamp() + $4::bigint * interval '1 microsecond',
-    updated_at = clock_timestamp()
+	// renewSQL extends the lease only: a renewal is not progress, so
+	// updated_at (what "stuck for" measures) stays.
+	renewSQL = `UPDATE {keys} SET locked_until = clock_timestamp() + $4::bigint * interval '1 microsecond'
 WHERE ` + fence + `
 RETURNING locked_until`
 

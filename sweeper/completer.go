@@ -19,6 +19,7 @@ import (
 const (
 	CompleteBatchDefault   = 100
 	ConcurrencyDefault     = 4
+	ResumeTimeoutDefault   = 5 * time.Minute
 	BackoffBaseDefault     = time.Second
 	BackoffMaxDefault      = time.Hour
 	completerReportTimeout = 10 * time.Second
@@ -45,6 +46,10 @@ type CompleterConfig struct {
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
 
+	// ResumeTimeout bounds one resumption, so that a hung step cannot hold
+	// up the run. 0 means ResumeTimeoutDefault.
+	ResumeTimeout time.Duration
+
 	Logger   *slog.Logger
 	Observer Observer
 }
@@ -62,7 +67,7 @@ type Completer struct {
 	observer Observer
 
 	mu        sync.Mutex
-	abandoned map[string]bool // workflows reported abandoned last run
+	abandoned map[string]int // abandoned records per workflow, as last reported
 }
 
 type completerSQL struct{ due, abandoned, oldest string }
@@ -79,8 +84,9 @@ func NewCompleter(db DBTX, engine *workflow.Engine, cfg CompleterConfig) (*Compl
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, ConcurrencyDefault)
 	cfg.BackoffBase = cmp.Or(cfg.BackoffBase, BackoffBaseDefault)
 	cfg.BackoffMax = cmp.Or(cfg.BackoffMax, BackoffMaxDefault)
-	if cfg.BatchSize < 0 || cfg.Concurrency < 0 {
-		return nil, errors.New("sweeper: completer batch size and concurrency must be positive")
+	cfg.ResumeTimeout = cmp.Or(cfg.ResumeTimeout, ResumeTimeoutDefault)
+	if cfg.BatchSize < 0 || cfg.Concurrency < 0 || cfg.ResumeTimeout < 0 {
+		return nil, errors.New("sweeper: completer batch size, concurrency and resume timeout must be positive")
 	}
 	return &Completer{
 		db:     db,
@@ -93,7 +99,7 @@ func NewCompleter(db DBTX, engine *workflow.Engine, cfg CompleterConfig) (*Compl
 		},
 		logger:    cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		observer:  cfg.Observer,
-		abandoned: map[string]bool{},
+		abandoned: map[string]int{},
 	}, nil
 }
 
@@ -121,18 +127,17 @@ const oldestSQL = `
 SELECT coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
 FROM {schema}.onceflow_keys WHERE status = 'in_flight'`
 
-// Run resumes one batch of due records, then reports what it cannot resume
-// and the age of the oldest record in flight.
+// Run reports what it cannot resume and the age of the oldest record in
+// flight, then resumes one batch of due records.
 func (c *Completer) Run(ctx context.Context) error {
 	var known []string
 	if c.engine != nil {
 		known = c.engine.Workflows()
 	}
-	var errs []error
+	errs := []error{c.report(ctx, known)}
 	if len(known) > 0 {
 		errs = append(errs, c.resumeDue(ctx, known))
 	}
-	errs = append(errs, c.report(ctx, known))
 	return errors.Join(errs...)
 }
 
@@ -179,6 +184,8 @@ type dueRecord struct {
 }
 
 func (c *Completer) resume(ctx context.Context, d dueRecord) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.ResumeTimeout)
+	defer cancel()
 	res, err := c.engine.Resume(ctx, d.key)
 	attrs := []any{slog.String("workflow", d.workflow), slog.String("tenant", d.key.Tenant), slog.String("key", d.key.ID)}
 	switch {
@@ -188,6 +195,9 @@ func (c *Completer) resume(ctx context.Context, d dueRecord) {
 		c.logger.WarnContext(ctx, "could not complete an abandoned record", append(attrs, slog.Any("error", err))...)
 	case res.Replayed:
 		return
+	case res.Failed:
+		err = errors.New("failed terminally")
+		c.logger.WarnContext(ctx, "an abandoned record failed terminally", attrs...)
 	default:
 		c.logger.InfoContext(ctx, "completed an abandoned record",
 			append(attrs, slog.String("after", res.ResumedFrom), slog.Int("status", res.Response.Status))...)
@@ -219,10 +229,12 @@ func (c *Completer) report(ctx context.Context, known []string) error {
 	}
 	c.mu.Lock()
 	for name, n := range counts {
-		c.logger.WarnContext(ctx, "abandoned records of a workflow this sweeper cannot resume",
-			slog.String("workflow", name), slog.Int("records", n))
+		if c.abandoned[name] != n { // log changes, not every run
+			c.logger.WarnContext(ctx, "abandoned records of a workflow this sweeper cannot resume",
+				slog.String("workflow", name), slog.Int("records", n))
+		}
 		c.observeAbandoned(name, n)
-		c.abandoned[name] = true
+		c.abandoned[name] = n
 	}
 	for name := range c.abandoned {
 		if _, still := counts[name]; !still {

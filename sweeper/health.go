@@ -13,8 +13,9 @@ type Pinger interface {
 }
 
 // Health answers 200 {"status":"ok"} while db answers a ping within two
-// seconds, and 503 with the error otherwise: a liveness and readiness
-// endpoint for a sweeper process.
+// seconds, and 503 {"status":"unavailable"} otherwise: a liveness and
+// readiness endpoint for a sweeper process. The driver's error is not
+// shown; it may name hosts.
 func Health(db Pinger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
@@ -22,7 +23,7 @@ func Health(db Pinger) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		if err := db.Ping(ctx); err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_ = json.NewEncoder(w).Encode(map[string]string{"status": "unavailable", "error": err.Error()})
+			_ = json.NewEncoder(w).Encode(map[string]string{"status": "unavailable"})
 			return
 		}
 		_ = json.NewEncoder(w).Encode(map[string]string{"status": "ok"})

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -28,9 +30,17 @@ type Scheduled struct {
 	Task     Task
 }
 
+// JitterDefault is the most a scheduled run waits, at random, before it
+// starts, so that sweepers on many machines with one schedule spread out.
+const JitterDefault = time.Second
+
 // Config configures a Sweeper.
 type Config struct {
 	Tasks []Scheduled
+
+	// Jitter is the most a scheduled run waits, at random, before starting.
+	// 0 means JitterDefault; -1 means none.
+	Jitter time.Duration
 
 	// Logger receives task failures and start and stop lines. nil discards
 	// them.
@@ -63,11 +73,13 @@ type Sweeper struct {
 	logger   *slog.Logger
 	observer Observer
 	tasks    []Scheduled
+	jitter   time.Duration
 
-	mu      sync.Mutex
-	started bool
-	stopped bool
-	cancel  context.CancelFunc
+	mu       sync.Mutex
+	started  bool
+	cancel   context.CancelFunc
+	stopOnce sync.Once
+	stopped  chan struct{} // closed when Stop has finished
 }
 
 var parser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
@@ -91,6 +103,8 @@ func New(cfg Config) (*Sweeper, error) {
 		logger:   logger,
 		observer: cfg.Observer,
 		tasks:    cfg.Tasks,
+		jitter:   max(cmp.Or(cfg.Jitter, JitterDefault), 0),
+		stopped:  make(chan struct{}),
 	}, nil
 }
 
@@ -106,7 +120,7 @@ func (s *Sweeper) Start(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, cancel)
 	s.cancel = func() { stop(); cancel() }
 	for _, t := range s.tasks {
-		if _, err := s.cron.AddFunc(t.Schedule, func() { s.run(runCtx, t.Task) }); err != nil {
+		if _, err := s.cron.AddFunc(t.Schedule, func() { s.scheduled(runCtx, t.Task) }); err != nil {
 			cancel()
 			return err
 		}
@@ -118,40 +132,72 @@ func (s *Sweeper) Start(ctx context.Context) error {
 }
 
 // Stop cancels running tasks, waits for them to return, and stops the
-// schedule. It is safe to call more than once, and before Start.
+// schedule. It is safe to call more than once, at once, and before Start;
+// every call returns once the sweeper has stopped.
 func (s *Sweeper) Stop() {
 	s.mu.Lock()
-	if !s.started || s.stopped {
-		s.mu.Unlock()
-		return
-	}
-	s.stopped = true
+	started := s.started
 	s.mu.Unlock()
-	s.cancel()
-	<-s.cron.Stop().Done()
-	s.logger.Info("sweeper stopped")
-}
-
-// RunNow runs every task once, one after another, outside the schedule: at
-// start-up, or from a command line.
-func (s *Sweeper) RunNow(ctx context.Context) {
-	for _, t := range s.tasks {
-		s.run(ctx, t.Task)
-	}
-}
-
-func (s *Sweeper) run(ctx context.Context, t Task) {
-	if ctx.Err() != nil {
+	if !started {
 		return
+	}
+	s.stopOnce.Do(func() {
+		s.cancel()
+		<-s.cron.Stop().Done()
+		s.logger.Info("sweeper stopped")
+		close(s.stopped)
+	})
+	<-s.stopped
+}
+
+// RunNow runs every task once, one after another, outside the schedule (at
+// start-up, or from a command line), and returns their errors joined. Do
+// not call it while the schedule runs: it does not skip a task that is
+// already running.
+func (s *Sweeper) RunNow(ctx context.Context) error {
+	var errs []error
+	for _, t := range s.tasks {
+		if err := s.run(ctx, t.Task); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", t.Task.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// scheduled is a run the schedule started: it waits a random jitter first.
+func (s *Sweeper) scheduled(ctx context.Context, t Task) {
+	if s.jitter > 0 {
+		timer := time.NewTimer(rand.N(s.jitter))
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+	_ = s.run(ctx, t)
+}
+
+// run runs t once, turning a panic into an error, and reports it.
+func (s *Sweeper) run(ctx context.Context, t Task) (err error) {
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
 	started := time.Now()
-	err := t.Run(ctx)
-	if s.observer != nil {
-		s.observer.TaskRan(t.Name(), time.Since(started), err)
-	}
-	if err != nil && ctx.Err() == nil {
-		s.logger.Warn("sweeper task failed", slog.String("task", t.Name()), slog.Any("error", err))
-	}
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("task panicked: %v", v)
+			s.logger.Error("sweeper task panicked", slog.String("task", t.Name()), slog.Any("panic", v),
+				slog.String("stack", string(debug.Stack())))
+		}
+		if s.observer != nil {
+			s.observer.TaskRan(t.Name(), time.Since(started), err)
+		}
+		if err != nil && ctx.Err() == nil {
+			s.logger.Warn("sweeper task failed", slog.String("task", t.Name()), slog.Any("error", err))
+		}
+	}()
+	return t.Run(ctx)
 }
 
 // cronLogger sends cron's own messages to slog.

@@ -132,17 +132,32 @@ func TestCompleterReportsWhatItCannotResume(t *testing.T) {
 	require.Zero(t, obs.oldest)
 }
 
+// TestCompleterBacksOffFailingRecords: a record is resumed no sooner than
+// base × 2^attempts after its last update, at most the cap.
 func TestCompleterBacksOffFailingRecords(t *testing.T) {
 	b := setup(t)
-	keys := b.abandon(t, 1)
+	keys := b.abandon(t, 4)
 	engine, err := workflow.NewEngine(b.db, workflow.Config{Workflows: []workflow.Definition{b.checkout}})
 	require.NoError(t, err)
-	completer, err := sweeper.NewCompleter(b.db, engine, sweeper.CompleterConfig{BackoffBase: time.Hour})
+	completer, err := sweeper.NewCompleter(b.db, engine, sweeper.CompleterConfig{BackoffBase: time.Second, BackoffMax: time.Minute})
 	require.NoError(t, err)
+	// attempts, seconds since the last update, and whether it is due:
+	// 3 attempts wait 8s; 30 attempts wait the cap, a minute.
+	cases := []struct {
+		attempts, ago int
+		due           bool
+	}{{3, 5, false}, {3, 9, true}, {30, 50, false}, {30, 61, true}}
+	for i, c := range cases {
+		_, err := b.db.Exec(b.ctx, `UPDATE onceflow_keys SET attempts = $3, updated_at = now() - $4 * interval '1 second'
+			WHERE tenant_id = $1 AND key = $2`, keys[i].Tenant, keys[i].ID, c.attempts, c.ago)
+		require.NoError(t, err)
+	}
 	require.NoError(t, completer.Run(b.ctx))
-	rec, err := engine.Store().Load(b.ctx, keys[0])
-	require.NoError(t, err)
-	require.Equal(t, recovery.StatusInFlight, rec.Status, "not due before its backoff has passed")
+	for i, c := range cases {
+		rec, err := engine.Store().Load(b.ctx, keys[i])
+		require.NoError(t, err)
+		require.Equal(t, c.due, rec.Status != recovery.StatusInFlight, "case %d: %+v", i, c)
+	}
 }
 
 // TestPrunerDeletesOnlyWhatIsDue: finished records older than the
@@ -290,7 +305,11 @@ func TestSweeperRunsOnScheduleAndStops(t *testing.T) {
 	require.NoError(t, s.Start(context.Background()))
 	require.Error(t, s.Start(context.Background()), "started twice")
 	<-task.running // the second run is under way and blocks
-	s.Stop()
+	var stops sync.WaitGroup
+	for range 3 {
+		stops.Go(s.Stop) // every call returns once the sweeper has stopped
+	}
+	stops.Wait()
 	s.Stop()
 	require.EqualValues(t, 2, task.runs.Load(), "no run overlaps and none starts after Stop")
 	require.Equal(t, 2, obs.runs["blocking"], "Stop waited for the running task to return")
@@ -299,6 +318,30 @@ func TestSweeperRunsOnScheduleAndStops(t *testing.T) {
 	require.Error(t, err)
 	_, err = sweeper.New(sweeper.Config{})
 	require.Error(t, err)
+}
+
+type panickyTask struct{}
+
+func (panickyTask) Name() string                  { return "panicky" }
+func (panickyTask) Run(ctx context.Context) error { panic("bad task") }
+
+type failingTask struct{}
+
+func (failingTask) Name() string                  { return "failing" }
+func (failingTask) Run(ctx context.Context) error { return errors.New("table missing") }
+
+func TestRunNowReportsFailuresAndSurvivesPanics(t *testing.T) {
+	t.Parallel()
+	obs := newRecorder()
+	s, err := sweeper.New(sweeper.Config{Observer: obs, Tasks: []sweeper.Scheduled{
+		{Schedule: "@hourly", Task: panickyTask{}}, {Schedule: "@hourly", Task: failingTask{}},
+	}})
+	require.NoError(t, err)
+	err = s.RunNow(context.Background())
+	require.ErrorContains(t, err, "panicky: task panicked: bad task")
+	require.ErrorContains(t, err, "failing: table missing")
+	require.Equal(t, 1, obs.runs["panicky"])
+	require.Equal(t, 1, obs.runs["failing"])
 }
 
 func TestRelayTaskDelivers(t *testing.T) {

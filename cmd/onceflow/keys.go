@@ -17,10 +17,10 @@ import (
 )
 
 func newKeys(opts *options) *cobra.Command {
-	cmd := &cobra.Command{
+	cmd := group(&cobra.Command{
 		Use:   "keys",
 		Short: "Inspect and unstick idempotency keys",
-	}
+	})
 	cmd.AddCommand(newKeysList(opts), newKeysShow(opts), newKeysRelease(opts), newKeysFail(opts))
 	return cmd
 }
@@ -38,6 +38,9 @@ func newKeysList(opts *options) *cobra.Command {
   onceflow keys list --tenant acme --json`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := limit(f.Limit); err != nil {
+				return err
+			}
 			switch recovery.Status(status) {
 			case "", recovery.StatusInFlight, recovery.StatusCompleted, recovery.StatusFailed:
 				f.Status = recovery.Status(status)

@@ -251,6 +251,11 @@ func TestSweeperOnce(t *testing.T) {
 	require.Equal(t, 2, left, "the finished key is pruned; the two in flight stay")
 
 	fails(t, 2, "sweeper", "--once", "--retention", "-1h", "--database-url="+url)
+	unmigrated := dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true})
+	r = onceflow(t, "sweeper", "--once", "--database-url="+unmigrated)
+	require.Equal(t, 1, r.code, "a run whose tasks fail exits non-zero")
+	lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+	require.True(t, strings.HasPrefix(lines[len(lines)-1], "onceflow: pruner: "), "the error is the last line: %q", r.stderr)
 	fails(t, 2, "sweeper", "--once", "--prune-every", "sometimes", "--database-url="+url)
 }
 
@@ -321,6 +326,10 @@ func TestHelpAndErrors(t *testing.T) {
 	}
 	require.Contains(t, fails(t, 2, "keys", "list"), "no database")
 	fails(t, 2, "frobnicate")
+	fails(t, 2, "outbox", "retyr", "1")
+	fails(t, 2, "migrate", "upp")
+	require.Contains(t, fails(t, 2, "keys"), "needs a subcommand")
+	fails(t, 2, "keys", "list", "--limit", "-3", "--database-url=postgres://x@127.0.0.1:1/db")
 	fails(t, 2, "keys", "show", "only-one-arg", "--database-url=postgres://x@127.0.0.1:1/db")
 	require.Contains(t, fails(t, 1, "keys", "list", "--database-url=postgres://x@127.0.0.1:1/db"), "connect to the database")
 }

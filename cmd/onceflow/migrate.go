@@ -10,12 +10,12 @@ import (
 )
 
 func newMigrate(opts *options) *cobra.Command {
-	cmd := &cobra.Command{
+	cmd := group(&cobra.Command{
 		Use:   "migrate",
 		Short: "Apply, revert or list schema migrations",
 		Long: `Migrations are numbered SQL files built into this binary. Each runs in its own
 transaction under an advisory lock, so several processes may migrate at once.`,
-	}
+	})
 	var upTo, downTo int
 	up := &cobra.Command{
 		Use:   "up",

@@ -11,10 +11,10 @@ import (
 )
 
 func newOutbox(opts *options) *cobra.Command {
-	cmd := &cobra.Command{
+	cmd := group(&cobra.Command{
 		Use:   "outbox",
 		Short: "Inspect outbox messages and retry dead ones",
-	}
+	})
 	cmd.AddCommand(
 		newOutboxList(opts, "list", "List outbox messages, oldest first", ""),
 		newOutboxList(opts, "dead", "List dead-lettered messages", outbox.StatusDead),
@@ -34,6 +34,9 @@ func newOutboxList(opts *options, use, short string, fixed outbox.Status) *cobra
 		Short: short,
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := limit(f.Limit); err != nil {
+				return err
+			}
 			f.Status = fixed
 			if fixed == "" {
 				switch outbox.Status(status) {

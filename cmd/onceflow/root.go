@@ -71,6 +71,25 @@ func (o *options) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(o.stderr, nil))
 }
 
+// group makes cmd a group of subcommands: called alone, or with a
+// subcommand it does not have, it is a usage error rather than a help page
+// and a success.
+func group(cmd *cobra.Command) *cobra.Command {
+	cmd.Args = args(cobra.NoArgs)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		return usageError{fmt.Errorf("%s needs a subcommand; see %s --help", cmd.CommandPath(), cmd.CommandPath())}
+	}
+	return cmd
+}
+
+// limit checks a --limit flag.
+func limit(n int) error {
+	if n <= 0 {
+		return usageError{fmt.Errorf("--limit must be positive, not %d", n)}
+	}
+	return nil
+}
+
 // args wraps cobra's argument checks so that a wrong count is a usage error.
 func args(check cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, a []string) error {

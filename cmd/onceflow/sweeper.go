@@ -78,8 +78,7 @@ func runSweeper(ctx context.Context, opts *options, f sweeperFlags) error {
 		return usageError{err}
 	}
 	if f.once {
-		s.RunNow(ctx)
-		return nil
+		return s.RunNow(ctx)
 	}
 
 	var srv *http.Server

@@ -13,6 +13,9 @@ CREATE TABLE {schema}.onceflow_outbox (
     -- When a relay may take the message next: now for a new message, after
     -- a backoff for a failed one, after the relay's lease for one in delivery.
     available_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- Set by each take: the relay's outcome write must present it, so a
+    -- relay whose lease ran out cannot record an outcome for the message.
+    lease_token  uuid,
     last_error   text,
     created_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
     delivered_at timestamptz,
