@@ -1,0 +1,246 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/workflow"
+)
+
+// CheckoutRequest is what POST /v1/checkouts takes.
+type CheckoutRequest struct {
+	CustomerID  string `json:"customer_id"`
+	AmountCents int64  `json:"amount_cents"`
+	Currency    string `json:"currency"`
+	CardToken   string `json:"card_token"`
+	Items       []Item `json:"items"`
+}
+
+// Item is one line of an order.
+type Item struct {
+	SKU string `json:"sku"`
+	Qty int    `json:"qty"`
+}
+
+var currencies = map[string]bool{"usd": true, "eur": true, "gbp": true}
+
+// Validate refuses a request before any record is made (422).
+func (r CheckoutRequest) Validate() error {
+	var problems []string
+	if strings.TrimSpace(r.CustomerID) == "" {
+		problems = append(problems, "customer_id is required")
+	}
+	if r.AmountCents <= 0 {
+		problems = append(problems, "amount_cents must be positive")
+	}
+	if !currencies[r.Currency] {
+		problems = append(problems, fmt.Sprintf("currency %q is not one of usd, eur, gbp", r.Currency))
+	}
+	if !strings.HasPrefix(r.CardToken, "tok_") {
+		problems = append(problems, "card_token must be a tok_ token")
+	}
+	if len(r.Items) == 0 {
+		problems = append(problems, "items must not be empty")
+	}
+	for i, it := range r.Items {
+		if it.SKU == "" || it.Qty <= 0 {
+			problems = append(problems, fmt.Sprintf("items[%d] needs a sku and a positive qty", i))
+		}
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// CheckoutState is the workflow's state, committed at every step.
+type CheckoutState struct {
+	OrderID     string `json:"order_id"`
+	ChargeID    string `json:"charge_id,omitempty"`
+	Declined    bool   `json:"declined,omitempty"`
+	AmountCents int64  `json:"amount_cents"`
+	Currency    string `json:"currency"`
+}
+
+// schemaSQL is the checkout's own tables. It runs under an advisory lock so
+// that several servers may start at once.
+const schemaSQL = `
+SELECT pg_advisory_xact_lock(7245000001);
+CREATE TABLE IF NOT EXISTS checkout_orders (
+    id           text        PRIMARY KEY,
+    tenant_id    text        NOT NULL,
+    customer_id  text        NOT NULL,
+    amount_cents bigint      NOT NULL,
+    currency     text        NOT NULL,
+    items        jsonb       NOT NULL,
+    status       text        NOT NULL,
+    charge_id    text,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS checkout_receipts (
+    order_id text        PRIMARY KEY REFERENCES checkout_orders (id),
+    sent_at  timestamptz NOT NULL DEFAULT now()
+);`
+
+// app is the checkout service: its workflow, its HTTP routes, and the
+// consumer that sends receipts.
+type app struct {
+	db       *pgxpool.Pool
+	outbox   *outbox.Outbox
+	provider string // the payment provider's base URL
+	client   *http.Client
+	logger   *slog.Logger
+}
+
+// checkout declares create_order → charge → record_charge.
+func (a *app) checkout() *workflow.Workflow[CheckoutRequest, CheckoutState] {
+	return workflow.Define("checkout",
+		phase.Atomic("create_order", a.createOrder),
+		foreign.Mutation("charge", a.charge),
+		phase.Atomic("record_charge", a.recordCharge),
+	).Finish(func(s *CheckoutState) workflow.Response {
+		return workflow.JSON(http.StatusCreated, map[string]any{
+			"order_id": s.OrderID, "charge_id": s.ChargeID, "status": "paid",
+			"amount_cents": s.AmountCents, "currency": s.Currency,
+		})
+	})
+}
+
+func (a *app) createOrder(ctx context.Context, tx pgx.Tx, r *phase.Run[CheckoutRequest, CheckoutState]) error {
+	id := make([]byte, 8)
+	_, _ = rand.Read(id)
+	r.State.OrderID = "ord_" + hex.EncodeToString(id)
+	r.State.AmountCents, r.State.Currency = r.Request.AmountCents, r.Request.Currency
+	items, err := json.Marshal(r.Request.Items)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO checkout_orders (id, tenant_id, customer_id, amount_cents, currency, items, status)
+		VALUES ($1, $2, $3, $4, $5, $6, 'pending')`,
+		r.State.OrderID, r.Key.Tenant, r.Request.CustomerID, r.Request.AmountCents, r.Request.Currency, items)
+	return err
+}
+
+// charge asks the provider for the money, with the derived key as its
+// Idempotency-Key: a retry of this step is the same charge.
+func (a *app) charge(ctx context.Context, c *foreign.Call[CheckoutRequest, CheckoutState]) error {
+	body, _ := json.Marshal(ChargeRequest{AmountCents: c.Request.AmountCents, Currency: c.Request.Currency, CardToken: c.Request.CardToken})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.provider+"/charges", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	foreign.SetHeader(req, c.Key)
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("payment provider: %w", err)
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusCreated:
+		var ch Charge
+		if err := json.NewDecoder(resp.Body).Decode(&ch); err != nil {
+			return fmt.Errorf("payment provider answer: %w", err)
+		}
+		c.State.ChargeID = ch.ID
+		return nil
+	case http.StatusPaymentRequired:
+		c.State.Declined = true // recorded by the next phase, which answers 402
+		return nil
+	default:
+		return fmt.Errorf("payment provider answered %s", resp.Status)
+	}
+}
+
+func (a *app) recordCharge(ctx context.Context, tx pgx.Tx, r *phase.Run[CheckoutRequest, CheckoutState]) error {
+	if r.State.Declined {
+		if _, err := tx.Exec(ctx, `UPDATE checkout_orders SET status = 'declined' WHERE id = $1`, r.State.OrderID); err != nil {
+			return err
+		}
+		resp := workflow.Problem(http.StatusPaymentRequired, "the card was declined; order "+r.State.OrderID+" is not paid")
+		return workflow.Respond(resp)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE checkout_orders SET status = 'paid', charge_id = $2 WHERE id = $1`,
+		r.State.OrderID, r.State.ChargeID); err != nil {
+		return err
+	}
+	return a.outbox.Enqueue(ctx, tx, outbox.Message{
+		Topic: "receipt", DedupeKey: "receipt:" + r.State.OrderID,
+		Payload: map[string]any{"order_id": r.State.OrderID, "customer_id": r.Request.CustomerID,
+			"amount_cents": r.State.AmountCents, "currency": r.State.Currency},
+	})
+}
+
+// sendReceipt is the outbox consumer: it records the receipt in the same
+// transaction as the processed key, so a redelivery sends nothing twice.
+func (a *app) sendReceipt(ctx context.Context, m *outbox.Record) error {
+	var receipt struct {
+		OrderID    string `json:"order_id"`
+		CustomerID string `json:"customer_id"`
+	}
+	if err := json.Unmarshal(m.Payload, &receipt); err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
+		sent, err := a.outbox.Process(ctx, tx, "receipts", m.DedupeKey, func() error {
+			_, err := tx.Exec(ctx, `INSERT INTO checkout_receipts (order_id) VALUES ($1)`, receipt.OrderID)
+			return err
+		})
+		if sent {
+			a.logger.Info("receipt email sent", slog.String("order", receipt.OrderID), slog.String("customer", receipt.CustomerID))
+		}
+		return err
+	})
+}
+
+// getOrder serves GET /v1/orders/{order_id}, for the order's tenant only.
+func (a *app) getOrder(w http.ResponseWriter, r *http.Request) {
+	tenant := strings.TrimSpace(r.Header.Get("X-Tenant-ID"))
+	if tenant == "" {
+		writeProblem(w, workflow.Problem(http.StatusUnauthorized, "no tenant: the request does not say whose it is"))
+		return
+	}
+	var order struct {
+		OrderID     string  `json:"order_id"`
+		CustomerID  string  `json:"customer_id"`
+		Status      string  `json:"status"`
+		ChargeID    *string `json:"charge_id"`
+		AmountCents int64   `json:"amount_cents"`
+		Currency    string  `json:"currency"`
+		ReceiptSent bool    `json:"receipt_sent"`
+	}
+	err := a.db.QueryRow(r.Context(), `
+		SELECT o.id, o.customer_id, o.status, o.charge_id, o.amount_cents, o.currency, r.order_id IS NOT NULL
+		FROM checkout_orders o LEFT JOIN checkout_receipts r ON r.order_id = o.id
+		WHERE o.id = $1 AND o.tenant_id = $2`, r.PathValue("order_id"), tenant).
+		Scan(&order.OrderID, &order.CustomerID, &order.Status, &order.ChargeID, &order.AmountCents, &order.Currency, &order.ReceiptSent)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		writeProblem(w, workflow.Problem(http.StatusNotFound, "no such order"))
+	case err != nil:
+		a.logger.Error("read order", slog.Any("error", err))
+		writeProblem(w, workflow.Problem(http.StatusServiceUnavailable, "the order could not be read"))
+	default:
+		writeJSON(w, http.StatusOK, order)
+	}
+}
+
+func writeProblem(w http.ResponseWriter, resp workflow.Response) {
+	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body)
+}

@@ -1,0 +1,88 @@
+// Command checkout is onceflow's example service: a checkout API whose
+// create-order, charge, record-charge workflow survives crashes and retries
+// without charging twice, a fake payment provider, and a demo that tells the
+// story.
+//
+//	checkout demo                 the story, on a throwaway PostgreSQL
+//	checkout serve [flags]        the checkout API
+//	checkout provider [--addr]    the fake payment provider
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRoot().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "checkout:", err)
+		stop()
+		os.Exit(1)
+	}
+}
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "checkout",
+		Short:         "onceflow's example checkout service",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	var f serveFlags
+	serveCmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the checkout API",
+		Long: `serve runs POST /v1/checkouts (create_order, then charge at the payment provider,
+then record_charge, which also enqueues a receipt) and GET /v1/orders/{order_id},
+with a sweeper that finishes checkouts whose client went away and sends receipts.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return serve(cmd.Context(), f, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	flags := serveCmd.Flags()
+	flags.StringVar(&f.addr, "addr", "127.0.0.1:8080", "address to listen on")
+	flags.StringVar(&f.databaseURL, "database-url", "", "PostgreSQL URL (default: a throwaway PostgreSQL started for this run)")
+	flags.StringVar(&f.providerURL, "provider-url", "", "payment provider URL (default: a fake provider started in-process)")
+	flags.DurationVar(&f.lease, "lease", 30*time.Second, "how long an attempt holds a checkout's key")
+	flags.DurationVar(&f.sweepEvery, "sweep-every", 10*time.Second, "how often the sweeper finishes abandoned checkouts and sends receipts")
+	flags.StringVar(&f.crashAfter, "crash-after", "", "exit at once (code 3) right after this step: create_order, charge or record_charge")
+
+	var providerAddr string
+	providerCmd := &cobra.Command{
+		Use:   "provider",
+		Short: "Run the fake payment provider",
+		Long: `provider serves POST /charges, which deduplicates by Idempotency-Key (the same key
+answers the same; the same key with another body is 422; card tok_decline is 402),
+and GET /charges, which lists every charge made.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			srv, addr, err := listen(cmd.Context(), providerAddr, newProvider().routes())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "listening on http://%s\n", addr)
+			<-cmd.Context().Done()
+			shutdown(srv)
+			return nil
+		},
+	}
+	providerCmd.Flags().StringVar(&providerAddr, "addr", "127.0.0.1:8081", "address to listen on")
+
+	demoCmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Crash a checkout after the charge, retry it, and show it charged once",
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return demo(cmd.Context(), cmd.OutOrStdout()) },
+	}
+	root.AddCommand(serveCmd, providerCmd, demoCmd)
+	return root
+}

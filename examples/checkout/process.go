@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// serveProcess is `checkout serve` running as a child process.
+type serveProcess struct {
+	cmd    *exec.Cmd
+	URL    string
+	done   chan struct{}
+	err    error
+	mu     sync.Mutex
+	stderr bytes.Buffer
+}
+
+// startServe starts exe serve with args and waits until it listens.
+func startServe(ctx context.Context, exe string, args ...string) (*serveProcess, error) {
+	p := &serveProcess{cmd: exec.Command(exe, append([]string{"serve", "--addr", "127.0.0.1:0"}, args...)...), done: make(chan struct{})}
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	p.cmd.Stderr = &lockedWriter{mu: &p.mu, w: &p.stderr}
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	urls := make(chan string, 1)
+	go func() {
+		lines := bufio.NewScanner(stdout)
+		for lines.Scan() {
+			if url, found := strings.CutPrefix(lines.Text(), "listening on "); found {
+				urls <- url
+			}
+		}
+	}()
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	select {
+	case p.URL = <-urls:
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("checkout serve exited before listening: %v: %s", p.err, p.Stderr())
+	case <-time.After(2 * time.Minute):
+		p.Kill()
+		return nil, errors.New("checkout serve did not start listening within two minutes")
+	case <-ctx.Done():
+		p.Kill()
+		return nil, ctx.Err()
+	}
+}
+
+// Wait waits for the process to exit and returns its exit code.
+func (p *serveProcess) Wait() int {
+	<-p.done
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// Stop asks the process to stop (SIGTERM) and waits for it.
+func (p *serveProcess) Stop() int {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	return p.Wait()
+}
+
+// Kill ends the process at once.
+func (p *serveProcess) Kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Stderr is what the process logged so far.
+func (p *serveProcess) Stderr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.String()
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}

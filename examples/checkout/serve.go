@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/idemhttp"
+	"github.com/onceflow/onceflow/internal/pgcluster"
+	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/sweeper"
+	"github.com/onceflow/onceflow/workflow"
+)
+
+// crashExitCode is the exit code of --crash-after.
+const crashExitCode = 3
+
+type serveFlags struct {
+	addr, databaseURL, providerURL, crashAfter string
+	lease, sweepEvery                          time.Duration
+}
+
+// serve runs the checkout API until ctx ends.
+func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	url := f.databaseURL
+	if url == "" {
+		cluster, err := pgcluster.Start(ctx, pgcluster.Options{Logger: logger})
+		if err != nil {
+			return err
+		}
+		defer cluster.Stop()
+		url = cluster.URL()
+	}
+	db, err := openDatabase(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	providerURL := f.providerURL
+	if providerURL == "" {
+		srv, addr, err := listen(ctx, "127.0.0.1:0", newProvider().routes())
+		if err != nil {
+			return err
+		}
+		defer shutdown(srv)
+		providerURL = "http://" + addr
+		logger.Info("payment provider started in-process", slog.String("url", providerURL))
+	}
+
+	ob, _ := outbox.New(outbox.Config{})
+	a := &app{db: db, outbox: ob, provider: providerURL, client: &http.Client{Timeout: 10 * time.Second}, logger: logger}
+	checkout := a.checkout()
+	hooks, err := crashHooks(checkout, f.crashAfter, stderr)
+	if err != nil {
+		return err
+	}
+	engine, err := workflow.NewEngine(db, workflow.Config{Lease: f.lease, Hooks: hooks, Logger: logger,
+		Workflows: []workflow.Definition{checkout}})
+	if err != nil {
+		return err
+	}
+	checkouts, err := idemhttp.Workflow(engine, checkout, idemhttp.Config{Logger: logger})
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/checkouts", checkouts)
+	mux.HandleFunc("GET /v1/orders/{order_id}", a.getOrder)
+
+	s, err := newSweeper(db, engine, a, f.sweepEvery, logger)
+	if err != nil {
+		return err
+	}
+	if err := s.Start(ctx); err != nil {
+		return err
+	}
+	defer s.Stop()
+
+	srv, addr, err := listen(ctx, f.addr, mux)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "listening on http://%s\n", addr)
+	<-ctx.Done()
+	shutdown(srv)
+	return nil
+}
+
+func openDatabase(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	db, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	m, err := migrations.New(db, migrations.Config{})
+	if err == nil {
+		_, err = m.Up(ctx)
+	}
+	if err == nil {
+		_, err = db.Exec(ctx, schemaSQL)
+	}
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	return db, nil
+}
+
+// newSweeper finishes abandoned checkouts, delivers receipts and prunes.
+func newSweeper(db *pgxpool.Pool, engine *workflow.Engine, a *app, every time.Duration, logger *slog.Logger) (*sweeper.Sweeper, error) {
+	relay, err := outbox.NewRelay(db, outbox.RelayConfig{Logger: logger,
+		Handlers: map[string]outbox.Handler{"receipt": a.sendReceipt}})
+	if err != nil {
+		return nil, err
+	}
+	completer, err := sweeper.NewCompleter(db, engine, sweeper.CompleterConfig{Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	pruner, err := sweeper.NewPruner(db, sweeper.PrunerConfig{Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	schedule := "@every " + every.String()
+	return sweeper.New(sweeper.Config{Logger: logger, Jitter: min(every/4, sweeper.JitterDefault), Tasks: []sweeper.Scheduled{
+		{Schedule: schedule, Task: completer},
+		{Schedule: schedule, Task: sweeper.RelayTask(relay)},
+		{Schedule: "@every 1h", Task: pruner},
+	}})
+}
+
+// crashHooks makes the process exit at once, with no cleanup, right after
+// step has finished: after its commit, or for a foreign step after its call
+// returned (before its result is committed).
+func crashHooks(wf workflow.Definition, step string, stderr io.Writer) (*workflow.Hooks, error) {
+	if step == "" {
+		return nil, nil
+	}
+	var names []string
+	kind := phase.Kind(0)
+	for _, s := range wf.Steps() {
+		names = append(names, s.Name)
+		if s.Name == step {
+			kind = s.Kind
+		}
+	}
+	if !slices.Contains(names, step) {
+		return nil, fmt.Errorf("--crash-after %q: the steps are %v", step, names)
+	}
+	point := workflow.CrashPoint{Kind: workflow.AfterCommit, Step: step}
+	if kind == phase.KindForeign {
+		point.Kind = workflow.AfterForeignCall
+	}
+	return &workflow.Hooks{CrashPoint: func(_ context.Context, _ workflow.Key, p workflow.CrashPoint) error {
+		if p == point {
+			fmt.Fprintf(stderr, "crashing %s, as asked\n", p)
+			os.Exit(crashExitCode)
+		}
+		return nil
+	}}, nil
+}
+
+// listen serves h on addr and returns the server and the address it got.
+func listen(ctx context.Context, addr string, h http.Handler) (*http.Server, string, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context {
+		return context.WithoutCancel(ctx)
+	}}
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			slog.Error("server stopped", slog.Any("error", err))
+		}
+	}()
+	return srv, l.Addr().String(), nil
+}
+
+func shutdown(srv *http.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(ctx)
+}
