@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
@@ -125,9 +126,9 @@ func (m *middleware) unprotected(w http.ResponseWriter, r *http.Request) {
 	case resp.Status >= 500:
 		t.rollback()
 	case t.tx != nil:
-		tx := t.tx
-		t.tx = nil
-		if err := tx.Commit(r.Context()); err != nil {
+		_, err := t.conn.Exec(r.Context(), "commit")
+		t.release()
+		if err != nil {
 			writeProblem(w, &problem{status: http.StatusServiceUnavailable, detail: "the request's writes could not be committed"})
 			return
 		}
@@ -161,18 +162,19 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request) (ok bool) {
 	return true
 }
 
-// complete stores resp, in the handler's transaction when it opened one,
-// and commits.
+// complete stores resp, with the handler's transaction when it opened one:
+// the stored response and the COMMIT go in one round trip.
 func (m *middleware) complete(ctx context.Context, t *txHolder, rec *recovery.Record, resp recovery.Response) error {
 	if t.tx == nil {
 		return m.store.Complete(ctx, rec.Fence(), resp)
 	}
-	if err := m.store.WithTx(t.tx).Complete(ctx, rec.Fence(), resp); err != nil {
+	err := m.store.CompleteAndCommit(ctx, t.conn, rec.Fence(), "", nil, resp)
+	if err != nil {
+		t.rollback()
 		return err
 	}
-	tx := t.tx
-	t.tx = nil
-	return tx.Commit(ctx)
+	t.release()
+	return nil
 }
 
 // forget drops the claim of a request whose response is not stored, so
@@ -187,17 +189,24 @@ func (m *middleware) forget(r *http.Request, rec *recovery.Record) {
 
 type txKey struct{}
 
-// txHolder begins the handler's transaction on first use.
+// txHolder begins the handler's transaction on first use, on a connection
+// it holds until the response is stored.
 type txHolder struct {
-	db workflow.DB
-	tx pgx.Tx
+	db   workflow.DB
+	conn *pgxpool.Conn
+	tx   pgx.Tx
 }
 
 func (t *txHolder) rollback() {
-	if t.tx != nil {
-		_ = t.tx.Rollback(context.Background())
-		t.tx = nil
+	if t.conn != nil {
+		_, _ = t.conn.Exec(context.Background(), "rollback")
+		t.release()
 	}
+}
+
+func (t *txHolder) release() {
+	t.conn.Release()
+	t.conn, t.tx = nil, nil
 }
 
 // Tx returns the transaction in which the middleware stores the handler's
@@ -209,11 +218,16 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 		return nil, ErrNoTransaction
 	}
 	if t.tx == nil {
-		tx, err := t.db.BeginTx(ctx, pgx.TxOptions{})
+		conn, err := t.db.Acquire(ctx)
 		if err != nil {
 			return nil, err
 		}
-		t.tx = tx
+		tx, err := conn.BeginTx(ctx, pgx.TxOptions{})
+		if err != nil {
+			conn.Release()
+			return nil, err
+		}
+		t.conn, t.tx = conn, tx
 	}
 	return t.tx, nil
 }

@@ -79,25 +79,43 @@ const claimRetries = 3
 // statement after losing a race to a concurrent first claim, which needs a
 // fresh snapshot per statement.
 func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Record, Outcome, error) {
-	if err := p.Key.Validate(); err != nil {
-		return nil, 0, err
-	}
-	if err := checkName("workflow", p.Workflow); err != nil {
-		return nil, 0, err
-	}
-	lease, err := leaseMicros(p.Lease, s.Lease())
+	args, err := s.claimArgs(p)
 	if err != nil {
 		return nil, 0, err
 	}
+	return s.claimFrom(ctx, p, args, nil)
+}
+
+// claimArgs checks p and returns the claim statement's arguments.
+func (s *Store) claimArgs(p ClaimParams) ([]any, error) {
+	if err := p.Key.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkName("workflow", p.Workflow); err != nil {
+		return nil, err
+	}
+	lease, err := leaseMicros(p.Lease, s.Lease())
+	if err != nil {
+		return nil, err
+	}
+	return []any{p.Key.Tenant, p.Key.ID, uuid.New(), p.Workflow, p.Fingerprint[:], p.Request, uuid.New(),
+		lease, abandonedError}, nil
+}
+
+// claimFrom decides the claim from row, the claim statement's result when
+// the caller already sent it, or runs the statement itself. It runs the
+// statement again after losing a race to a concurrent first claim.
+func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pgx.Row) (*Record, Outcome, error) {
 	for range claimRetries {
+		if row == nil {
+			row = s.db.QueryRow(ctx, s.sql.claim, args...)
+		}
 		var (
 			outcome int
 			dbNow   time.Time
 		)
-		rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.claim,
-			p.Key.Tenant, p.Key.ID, uuid.New(), p.Workflow, p.Fingerprint[:], p.Request, uuid.New(),
-			lease, abandonedError,
-		), &outcome, &dbNow)
+		rec, err := scanRecord(row, &outcome, &dbNow)
+		row = nil
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // a concurrent first claim committed after our snapshot
 		}

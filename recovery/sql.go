@@ -147,6 +147,7 @@ WHERE tenant_id = $1 AND key = $2 AND status = 'in_flight'`
 // queries holds the statements with the schema filled in.
 type queries struct {
 	claim, takeover, load, list, advance, finish, release, handBack, renew, deleteUnstarted, expire string
+	advanceOrFail, finishOrFail                                                                     string
 }
 
 func newQueries(schema string) *queries {
@@ -160,6 +161,8 @@ func newQueries(schema string) *queries {
 		load:            expand(loadSQL),
 		list:            expand(listSQL),
 		advance:         expand(advanceSQL),
+		advanceOrFail:   expand(orFail(advanceSQL)),
+		finishOrFail:    expand(orFail(finishSQL)),
 		finish:          expand(finishSQL),
 		release:         expand(releaseSQL),
 		handBack:        expand(handBackSQL),

@@ -67,17 +67,26 @@ func (s *Store) Fail(ctx context.Context, f Fence, resp Response, cause string) 
 
 func (s *Store) finish(ctx context.Context, op string, f Fence, status Status, resp Response,
 	cause, recoveryPoint *string, state []byte) error {
+	args, err := s.finishArgs(f, status, resp, cause, recoveryPoint, state)
+	if err != nil {
+		return fmt.Errorf("%s key: %w", op, err)
+	}
+	tag, err := s.db.Exec(ctx, s.sql.finish, args...)
+	return fenced(op, f, tag, err)
+}
+
+// finishArgs returns the arguments of finishSQL.
+func (s *Store) finishArgs(f Fence, status Status, resp Response, cause, recoveryPoint *string, state []byte) ([]any, error) {
 	if resp.Status < 100 || resp.Status > 999 {
-		return &InputError{Field: "response status", Problem: fmt.Sprintf("is %d, not a three-digit HTTP status", resp.Status)}
+		return nil, &InputError{Field: "response status", Problem: fmt.Sprintf("is %d, not a three-digit HTTP status", resp.Status)}
 	}
 	stored := s.Stored(resp)
 	header, err := json.Marshal(stored.Header)
 	if err != nil {
-		return fmt.Errorf("%s key: encode header: %w", op, err)
+		return nil, fmt.Errorf("encode header: %w", err)
 	}
-	tag, err := s.db.Exec(ctx, s.sql.finish, f.Key.Tenant, f.Key.ID, f.Owner,
-		string(status), stored.Status, stored.Body, header, cause, recoveryPoint, state)
-	return fenced(op, f, tag, err)
+	return []any{f.Key.Tenant, f.Key.ID, f.Owner, string(status), stored.Status, stored.Body, header, cause,
+		recoveryPoint, state}, nil
 }
 
 // Release hands the lease back after an attempt failed in a way a retry may

@@ -187,13 +187,23 @@ func TestPrunerDeletesOnlyWhatIsDue(t *testing.T) {
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM onceflow_outbox`), "the dead and the pending message stay")
 }
 
+// TestPrunerGivesUpOnPersistentTimeouts: with the table locked by someone
+// else, every batch times out; the pruner shrinks its batches, then gives
+// up until its next turn.
 func TestPrunerGivesUpOnPersistentTimeouts(t *testing.T) {
 	b := setup(t)
 	seed(t, b.db, 50, "completed", "2 days")
-	pruner, err := sweeper.NewPruner(b.db, sweeper.PrunerConfig{QueryTimeout: time.Microsecond, Pause: -1})
+	locker, err := b.db.Begin(b.ctx)
+	require.NoError(t, err)
+	defer locker.Rollback(b.ctx)
+	_, err = locker.Exec(b.ctx, `LOCK TABLE onceflow_keys IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	pruner, err := sweeper.NewPruner(b.db, sweeper.PrunerConfig{QueryTimeout: 20 * time.Millisecond, Pause: -1})
 	require.NoError(t, err)
 	err = pruner.Run(b.ctx)
 	require.ErrorContains(t, err, "timed out in a row")
+	require.NoError(t, locker.Rollback(b.ctx))
 	require.Equal(t, 50, b.count(t, `SELECT count(*) FROM onceflow_keys`))
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
@@ -19,10 +20,10 @@ import (
 // (releasing the lease, deleting a rejected claim).
 const cleanupTimeout = 10 * time.Second
 
-// txOptions are the engine's transactions: the claim re-runs its statement
+// beginSQL opens the engine's transactions: the claim re-runs its statement
 // after losing a race, which needs a fresh snapshot per statement, whatever
 // the server's default isolation.
-var txOptions = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+const beginSQL = "begin isolation level read committed"
 
 // attempt is one run of a workflow under a key: from the claim to the
 // response or the error.
@@ -31,12 +32,16 @@ type attempt[Req, State any] struct {
 	w     *Workflow[Req, State]
 	key   Key
 	claim func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error)
-	start int // the step expected to run first; the claim folds into it when atomic
+	// pipelined, when set, opens the transaction and claims in one round
+	// trip on conn.
+	pipelined func(ctx context.Context, conn *pgxpool.Conn) (*recovery.Record, recovery.Outcome, error)
+	start     int // the step expected to run first; the claim folds into it when atomic
 	// fromRecord: the request comes from the record the claim returns
 	// (Resume), not from the caller.
 	fromRecord bool
 
-	tx        pgx.Tx // the open transaction, if any
+	conn      *pgxpool.Conn // the connection the open transaction is on
+	tx        pgx.Tx        // the open transaction, if any
 	rec       *recovery.Record
 	outcome   recovery.Outcome
 	run       phase.Run[Req, State]
@@ -81,6 +86,9 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, requ
 		claim: func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
 			return s.Claim(ctx, params)
 		},
+		pipelined: func(ctx context.Context, conn *pgxpool.Conn) (*recovery.Record, recovery.Outcome, error) {
+			return e.store.BeginAndClaim(ctx, conn, beginSQL, params)
+		},
 	}
 	a.run.Request = req
 	return a.execute(ctx)
@@ -120,16 +128,13 @@ func (a *attempt[Req, State]) execute(ctx context.Context) (res *Result, err err
 		}
 	}()
 	steps := a.w.steps
-	if a.start < len(steps) && steps[a.start].Kind() == phase.KindAtomic {
+	folded := a.start < len(steps) && steps[a.start].Kind() == phase.KindAtomic
+	if folded {
 		if err := a.e.crashPoint(ctx, a.key, BeforeStep, steps[a.start].Name()); err != nil {
 			return nil, err
 		}
-		if err := a.begin(ctx); err != nil {
-			return nil, fmt.Errorf("workflow %s: %w", a.w.name, err)
-		}
-		a.claimOpen = true
 	}
-	if res, err := a.claimKey(ctx); res != nil || err != nil {
+	if res, err := a.claimKey(ctx, folded); res != nil || err != nil {
 		return res, err
 	}
 	if a.tx != nil && a.next != a.start {
@@ -162,16 +167,22 @@ func (a *attempt[Req, State]) execute(ctx context.Context) (res *Result, err err
 	return a.respond(ctx, a.w.steps[len(steps)-1].Name(), nil)
 }
 
-// claimKey claims the key (in the open transaction, if any) and loads the
+// claimKey claims the key, in a new transaction when folded, and loads the
 // record. It returns a result or an error when this attempt does not own
 // the key.
-func (a *attempt[Req, State]) claimKey(ctx context.Context) (*Result, error) {
-	rec, outcome, err := a.claim(ctx, a.store())
+func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Result, error) {
+	rec, outcome, err := a.claimWith(ctx, folded)
 	a.e.observeClaim(a.w.name, outcome, err)
 	if err != nil || outcome == recovery.OutcomeReplay {
-		a.rollback() // the claim wrote nothing
+		if outcome == recovery.OutcomeReplay && a.conn != nil {
+			// The claim wrote nothing: end its transaction off the
+			// caller's path, and answer now.
+			go endReadOnly(a.conn)
+			a.conn, a.tx, a.claimOpen = nil, nil, false
+		}
+		a.rollback()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("workflow %s: %w", a.w.name, err)
 		}
 		return replayed(rec), nil
 	}
@@ -203,6 +214,32 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context) (*Result, error) {
 	return nil, nil
 }
 
+// claimWith claims the key: on its own, or opening the transaction of the
+// first phase (in one round trip when the attempt has a pipelined claim).
+func (a *attempt[Req, State]) claimWith(ctx context.Context, folded bool) (*recovery.Record, recovery.Outcome, error) {
+	if !folded {
+		return a.claim(ctx, a.store())
+	}
+	a.claimOpen = true
+	if a.pipelined == nil {
+		if err := a.begin(ctx); err != nil {
+			return nil, 0, err
+		}
+		return a.claim(ctx, a.store())
+	}
+	conn, err := a.e.db.Acquire(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("acquire a connection: %w", err)
+	}
+	a.conn = conn
+	rec, outcome, err := a.pipelined(ctx, conn)
+	if err != nil || outcome == recovery.OutcomeReplay {
+		return rec, outcome, err
+	}
+	a.tx = &phaseTx{conn: conn.Conn()}
+	return rec, outcome, nil
+}
+
 // atomic runs an atomic phase in the open transaction (begun here if none
 // is) and commits it with the recovery point, or with the response when it
 // is the last step.
@@ -230,15 +267,19 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 	if a.next == len(a.w.steps)-1 {
 		return a.respond(ctx, step.Name(), nil)
 	}
-	if err := a.advance(ctx, step.Name()); err != nil {
-		return a.failed(ctx, step.Name(), err)
-	}
 	if err := a.beforeCommit(ctx, step.Name()); err != nil {
 		return nil, err
 	}
-	if err := a.commit(ctx); err != nil {
+	state, err := json.Marshal(a.run.State)
+	if err != nil {
+		return a.failed(ctx, step.Name(), fmt.Errorf("encode state: %w", err))
+	}
+	if err := a.commitWith(ctx, func(conn recovery.Conn) error {
+		return a.e.store.AdvanceAndCommit(ctx, conn, a.rec.Fence(), step.Name(), state)
+	}); err != nil {
 		return a.failed(ctx, step.Name(), err)
 	}
+	a.next++
 	return nil, a.e.crashPoint(ctx, a.key, AfterCommit, step.Name())
 }
 
@@ -306,16 +347,17 @@ func (a *attempt[Req, State]) respond(ctx context.Context, step string, resp *Re
 	if err != nil {
 		return a.failed(ctx, step, fmt.Errorf("encode state: %w", err))
 	}
-	if err := a.store().CompleteAfter(ctx, a.rec.Fence(), step, state, *resp); err != nil {
-		return a.failed(ctx, step, fenced(err))
+	if a.tx == nil {
+		err = fenced(a.e.store.CompleteAfter(ctx, a.rec.Fence(), step, state, *resp))
+	} else if err = a.beforeCommit(ctx, step); err != nil {
+		return nil, err
+	} else {
+		err = a.commitWith(ctx, func(conn recovery.Conn) error {
+			return a.e.store.CompleteAndCommit(ctx, conn, a.rec.Fence(), step, state, *resp)
+		})
 	}
-	if a.tx != nil {
-		if err := a.beforeCommit(ctx, step); err != nil {
-			return nil, err
-		}
-		if err := a.commit(ctx); err != nil {
-			return a.failed(ctx, step, err)
-		}
+	if err != nil {
+		return a.failed(ctx, step, err)
 	}
 	if err := a.e.crashPoint(ctx, a.key, AfterCommit, step); err != nil {
 		return nil, err
@@ -432,12 +474,37 @@ func (a *attempt[Req, State]) failTerminally(ctx context.Context, fence recovery
 	return &Result{Response: a.e.store.Stored(resp), Outcome: a.outcome, Failed: true}, nil
 }
 
+// begin takes a connection and opens a transaction on it.
 func (a *attempt[Req, State]) begin(ctx context.Context) error {
-	tx, err := a.e.db.BeginTx(ctx, txOptions)
+	conn, err := a.e.db.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		return fmt.Errorf("acquire a connection: %w", err)
 	}
-	a.tx = tx
+	// The BEGIN goes with the phase's first statement.
+	a.conn, a.tx = conn, &phaseTx{conn: conn.Conn(), begin: beginSQL}
+	return nil
+}
+
+// commitWith commits the open transaction with commit, which sends the
+// attempt's fenced write and the COMMIT in one round trip, and hands the
+// connection back.
+func (a *attempt[Req, State]) commitWith(ctx context.Context, commit func(recovery.Conn) error) error {
+	err := a.tx.(*phaseTx).open(ctx) // a phase that sent no statement
+	if err == nil {
+		err = commit(a.conn)
+	}
+	if err != nil {
+		a.rollback()
+		if errors.Is(err, ErrLeaseLost) {
+			return &lostLease{err}
+		}
+		a.claimOpen = false // the commit may have landed: write with the fence from now on
+		return err
+	}
+	a.conn.Release()
+	a.conn, a.tx = nil, nil
+	a.claimOpen = false
+	a.committed = true
 	return nil
 }
 
@@ -451,26 +518,41 @@ func (a *attempt[Req, State]) beforeCommit(ctx context.Context, step string) err
 	return nil
 }
 
-// commit commits the open transaction.
+// commit commits the open transaction on its own.
 func (a *attempt[Req, State]) commit(ctx context.Context) error {
-	tx := a.tx
-	a.tx = nil
-	if err := tx.Commit(ctx); err != nil {
-		a.claimOpen = false // the commit may have landed: write with the fence from now on
+	err := a.tx.(*phaseTx).open(ctx)
+	if err == nil {
+		_, err = a.conn.Exec(ctx, "commit")
+	}
+	a.conn.Release()
+	a.conn, a.tx = nil, nil
+	a.claimOpen = false
+	if err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
-	a.claimOpen = false
 	a.committed = true
 	return nil
 }
 
-// rollback ends the open transaction, if any, without committing. Its error
-// is of no use: a failed rollback leaves nothing committed either.
+// rollback ends the open transaction, if any, without committing, and hands
+// the connection back. Its error is of no use: a failed rollback leaves
+// nothing committed either, and the pool drops a connection left in a
+// transaction.
 func (a *attempt[Req, State]) rollback() {
-	if a.tx != nil {
-		_ = a.tx.Rollback(context.Background())
-		a.tx = nil
+	if a.conn != nil {
+		_, _ = a.conn.Exec(context.Background(), "rollback")
+		a.conn.Release()
+		a.conn, a.tx = nil, nil
 	}
+}
+
+// endReadOnly rolls back a transaction that wrote nothing and hands its
+// connection back.
+func endReadOnly(conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	_, _ = conn.Exec(ctx, "rollback")
+	conn.Release()
 }
 
 // store returns the engine's store, in the open transaction if any.

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/recovery"
 )
@@ -20,9 +20,12 @@ import (
 const MaxAttemptsDefault = 10
 
 // DB is what the engine needs of a database: *pgxpool.Pool satisfies it.
+// An atomic phase runs on one connection the engine holds, so that it can
+// send the claim with its BEGIN, and the recovery point with its COMMIT, in
+// one round trip each.
 type DB interface {
 	recovery.DBTX
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
 // Config configures an Engine. The zero value is ready to use.

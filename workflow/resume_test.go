@@ -156,18 +156,20 @@ func TestCommitBudget(t *testing.T) {
 		return err
 	}
 	call := func() error { return nil }
+	// roundTrips is what the same statements take without onceflow: BEGIN,
+	// the phase's statement and COMMIT per atomic phase.
 	cases := []struct {
-		wf      *workflow.Workflow[Order, Paid]
-		commits int64
+		wf                  *workflow.Workflow[Order, Paid]
+		commits, roundTrips int64
 	}{
-		{workflow.Define("a", atomicStep("a1", noop)), 1},
-		{workflow.Define("afa", atomicStep("a1", noop), foreignStep("f1", call), atomicStep("a2", noop)), 2},
+		{workflow.Define("a", atomicStep("a1", noop)), 1, 3},
+		{workflow.Define("afa", atomicStep("a1", noop), foreignStep("f1", call), atomicStep("a2", noop)), 2, 6},
 		{workflow.Define("afafa", atomicStep("a1", noop), foreignStep("f1", call), atomicStep("a2", noop),
-			foreignStep("f2", call), atomicStep("a3", noop)), 3},
+			foreignStep("f2", call), atomicStep("a3", noop)), 3, 9},
 		// Without an atomic phase to fold into, a foreign step's result is
 		// committed on its own, and so is the claim before a first foreign step.
-		{workflow.Define("ffa", foreignStep("f1", call), foreignStep("f2", call), atomicStep("a1", noop)), 3},
-		{workflow.Define("af", atomicStep("a1", noop), foreignStep("f1", call)), 2},
+		{workflow.Define("ffa", foreignStep("f1", call), foreignStep("f2", call), atomicStep("a1", noop)), 3, 3},
+		{workflow.Define("af", atomicStep("a1", noop), foreignStep("f1", call)), 2, 3},
 	}
 	e := w.engine(workflow.Config{})
 	for i, tc := range cases {
@@ -178,6 +180,7 @@ func TestCommitBudget(t *testing.T) {
 		require.Equal(t, 200, res.Response.Status)
 		got := w.counter.Counts().Sub(before)
 		require.Equal(t, tc.commits, got.Commits, "case %d (%s): %+v", i, tc.wf.Name(), got)
+		require.LessOrEqual(t, got.RoundTrips(), tc.roundTrips+2, "case %d (%s): %+v", i, tc.wf.Name(), got)
 
 		before = w.counter.Counts()
 		res, err = e.Run(w.ctx, key, tc.wf, order)

@@ -31,9 +31,11 @@ CREATE TABLE {schema}.onceflow_keys (
     CHECK ((status = 'in_flight') = (response_status IS NULL))
 ) WITH (fillfactor = 80);
 
--- The sweeper's two questions: whose lease has expired, and what finished
--- long enough ago to prune.
-CREATE INDEX onceflow_keys_lease_idx
-    ON {schema}.onceflow_keys (locked_until) WHERE status = 'in_flight';
+-- The sweeper's two questions: whose lease has expired (among the few
+-- records in flight), and what finished long enough ago to prune. The lease
+-- itself is not indexed: a commit that extends it then updates the row in
+-- place (a HOT update) instead of writing new index entries.
+CREATE INDEX onceflow_keys_in_flight_idx
+    ON {schema}.onceflow_keys (created_at) WHERE status = 'in_flight';
 CREATE INDEX onceflow_keys_finished_idx
     ON {schema}.onceflow_keys (completed_at) WHERE status <> 'in_flight';

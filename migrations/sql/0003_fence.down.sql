@@ -1,0 +1,1 @@
+DROP FUNCTION {schema}.onceflow_lease_lost();

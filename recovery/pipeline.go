@@ -1,0 +1,144 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Conn is one connection that takes statements one at a time or in a
+// batch, sent in one round trip: *pgxpool.Conn and *pgx.Conn satisfy it.
+type Conn interface {
+	DBTX
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// leaseLostCode is the SQLSTATE onceflow_lease_lost() raises.
+const leaseLostCode = "OF001"
+
+// BeginAndClaim sends begin (a BEGIN statement) and the claim of p in one
+// round trip on conn, so the claim opens the caller's transaction. Whatever
+// it returns, the transaction is open on conn: the caller commits it or
+// rolls it back. Use it on a connection taken from a pool, not in a pgx.Tx.
+func (s *Store) BeginAndClaim(ctx context.Context, conn Conn, begin string, p ClaimParams) (*Record, Outcome, error) {
+	args, err := s.claimArgs(p)
+	if err != nil {
+		return nil, 0, err
+	}
+	b := &pgx.Batch{}
+	b.Queue(begin)
+	b.Queue(s.sql.claim, args...)
+	br := conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, 0, fmt.Errorf("begin: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return nil, 0, fmt.Errorf("claim key: %w", err)
+	}
+	rec, outcome, err := s.WithConn(conn).claimFrom(ctx, p, args, collectedRow{rows: rows, close: br.Close})
+	if closeErr := br.Close(); err == nil && closeErr != nil {
+		return nil, 0, fmt.Errorf("claim key: %w", closeErr)
+	}
+	return rec, outcome, err
+}
+
+// WithConn returns a Store whose statements run on conn, inside whatever
+// transaction is open there.
+func (s *Store) WithConn(conn DBTX) *Store {
+	c := *s
+	c.db = conn
+	return &c
+}
+
+// collectedRow reads the claim's row from a batch, then finishes the batch,
+// so that a re-run of the claim can use the connection.
+type collectedRow struct {
+	rows  pgx.Rows
+	close func() error
+}
+
+func (r collectedRow) Scan(dest ...any) error {
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		r.rows.Close()
+		if err := r.close(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.close()
+}
+
+// AdvanceAndCommit commits the transaction open on conn together with the
+// recovery point, in one round trip (see Advance). If the fence does not
+// hold, the statement fails, the COMMIT does not run, and it returns
+// ErrLeaseLost with the transaction still open and aborted: roll it back.
+func (s *Store) AdvanceAndCommit(ctx context.Context, conn Conn, f Fence, recoveryPoint string, state []byte) error {
+	if err := checkName("recovery point", recoveryPoint); err != nil {
+		return err
+	}
+	return s.andCommit(ctx, conn, "advance", f, s.sql.advanceOrFail,
+		f.Key.Tenant, f.Key.ID, f.Owner, recoveryPoint, state, s.lease)
+}
+
+// CompleteAndCommit commits the transaction open on conn together with the
+// completion, in one round trip (see CompleteAfter; an empty recoveryPoint
+// and a nil state keep what the record holds, as Complete does). On
+// ErrLeaseLost the transaction is still open and aborted: roll it back.
+func (s *Store) CompleteAndCommit(ctx context.Context, conn Conn, f Fence, recoveryPoint string, state []byte, resp Response) error {
+	var point *string
+	if recoveryPoint != "" {
+		if err := checkName("recovery point", recoveryPoint); err != nil {
+			return err
+		}
+		point = &recoveryPoint
+	}
+	args, err := s.finishArgs(f, StatusCompleted, resp, nil, point, state)
+	if err != nil {
+		return err
+	}
+	return s.andCommit(ctx, conn, "complete", f, s.sql.finishOrFail, args...)
+}
+
+func (s *Store) andCommit(ctx context.Context, conn Conn, op string, f Fence, sql string, args ...any) error {
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	b.Queue("commit")
+	br := conn.SendBatch(ctx, b)
+	_, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if closeErr := br.Close(); err == nil {
+		err = closeErr
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == leaseLostCode:
+		return lostLease(op, f)
+	case err != nil:
+		return fmt.Errorf("%s key and commit: %w", op, err)
+	}
+	return nil
+}
+
+// orFail turns a fenced UPDATE into a statement that raises OF001 when it
+// matches no row.
+func orFail(update string) string {
+	return `WITH done AS (` + strings.TrimSpace(update) + ` RETURNING 1)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM done) THEN 1 ELSE {schema}.onceflow_lease_lost() END`
+}

@@ -1,0 +1,125 @@
+package recovery_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/recovery"
+)
+
+func acquire(t *testing.T, b *bundle) *pgxpool.Conn {
+	t.Helper()
+	conn, err := b.db.Acquire(b.ctx)
+	require.NoError(t, err)
+	t.Cleanup(conn.Release)
+	return conn
+}
+
+// TestPipelinedClaimAndCommit: the claim opens the transaction, the
+// recovery point commits with it, each in one round trip.
+func TestPipelinedClaimAndCommit(t *testing.T) {
+	b := setup(t)
+	_, err := b.db.Exec(b.ctx, `CREATE TABLE effects (note text)`)
+	require.NoError(t, err)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	conn := acquire(t, b)
+
+	rec, outcome, err := b.store.BeginAndClaim(b.ctx, conn, "begin", params(t, key, `{}`))
+	require.NoError(t, err)
+	require.Equal(t, recovery.OutcomeNew, outcome)
+	require.Equal(t, byte('T'), conn.Conn().PgConn().TxStatus(), "the claim's transaction is open")
+	_, err = conn.Exec(b.ctx, `INSERT INTO effects VALUES ('first phase')`)
+	require.NoError(t, err)
+	require.NoError(t, b.store.AdvanceAndCommit(b.ctx, conn, rec.Fence(), "first", []byte(`{"n":1}`)))
+	require.Equal(t, byte('I'), conn.Conn().PgConn().TxStatus(), "committed")
+	require.Equal(t, "first", b.load(t, key).RecoveryPoint)
+
+	_, err = conn.Exec(b.ctx, `BEGIN`)
+	require.NoError(t, err)
+	_, err = conn.Exec(b.ctx, `INSERT INTO effects VALUES ('last phase')`)
+	require.NoError(t, err)
+	require.NoError(t, b.store.CompleteAndCommit(b.ctx, conn, rec.Fence(), "last", []byte(`{"n":2}`), jsonResponse))
+	got := b.load(t, key)
+	require.Equal(t, recovery.StatusCompleted, got.Status)
+	require.Equal(t, jsonResponse.Body, got.Response.Body)
+
+	// A replay through the pipelined claim leaves a read-only transaction.
+	rec, outcome, err = b.store.BeginAndClaim(b.ctx, conn, "begin", params(t, key, `{}`))
+	require.NoError(t, err)
+	require.Equal(t, recovery.OutcomeReplay, outcome)
+	require.Equal(t, jsonResponse.Body, rec.Response.Body)
+	_, err = conn.Exec(b.ctx, `ROLLBACK`)
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, b.db.QueryRow(b.ctx, `SELECT count(*) FROM effects`).Scan(&n))
+	require.Equal(t, 2, n)
+}
+
+// TestPipelinedCommitIsFenced: when the fence fails, the COMMIT sent with
+// the fenced write does not commit the attempt's writes.
+func TestPipelinedCommitIsFenced(t *testing.T) {
+	b := setup(t)
+	_, err := b.db.Exec(b.ctx, `CREATE TABLE effects (note text)`)
+	require.NoError(t, err)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{}`)
+	stale, _ := b.claim(t, p)
+	b.expire(t, key)
+	b.claim(t, p) // taken over
+
+	for _, commit := range map[string]func(conn *pgxpool.Conn) error{
+		"advance": func(conn *pgxpool.Conn) error {
+			return b.store.AdvanceAndCommit(b.ctx, conn, stale.Fence(), "step", nil)
+		},
+		"complete": func(conn *pgxpool.Conn) error {
+			return b.store.CompleteAndCommit(b.ctx, conn, stale.Fence(), "step", nil, jsonResponse)
+		},
+	} {
+		conn := acquire(t, b)
+		_, err := conn.Exec(b.ctx, `BEGIN`)
+		require.NoError(t, err)
+		_, err = conn.Exec(b.ctx, `INSERT INTO effects VALUES ('stale')`)
+		require.NoError(t, err)
+		require.ErrorIs(t, commit(conn), recovery.ErrLeaseLost)
+		require.Equal(t, byte('E'), conn.Conn().PgConn().TxStatus(), "the transaction is aborted, not committed")
+		_, err = conn.Exec(b.ctx, `ROLLBACK`)
+		require.NoError(t, err)
+	}
+	var n int
+	require.NoError(t, b.db.QueryRow(b.ctx, `SELECT count(*) FROM effects`).Scan(&n))
+	require.Zero(t, n, "the stale attempt's writes never committed")
+}
+
+// TestPipelinedClaimRacingAFirstClaim: a pipelined claim that waited on a
+// concurrent first claim, and found no row when it committed, runs again
+// on the same connection and sees the key in flight.
+func TestPipelinedClaimRacingAFirstClaim(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{}`)
+	first := acquire(t, b)
+	_, _, err := b.store.BeginAndClaim(b.ctx, first, "begin", p)
+	require.NoError(t, err)
+
+	second := acquire(t, b)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := b.store.BeginAndClaim(b.ctx, second, "begin", p)
+		done <- err
+	}()
+	require.Eventually(t, func() bool { // the second claim waits on the first's row
+		var waiting int
+		_ = b.db.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		return waiting == 1
+	}, 10*time.Second, 5*time.Millisecond)
+	_, err = first.Exec(b.ctx, `COMMIT`)
+	require.NoError(t, err)
+	require.ErrorIs(t, <-done, recovery.ErrInFlight)
+	_, err = second.Exec(context.Background(), `ROLLBACK`)
+	require.NoError(t, err)
+}
