@@ -191,13 +191,15 @@ func writeResponse(w http.ResponseWriter, resp recovery.Response, replayed bool)
 	_, _ = w.Write(resp.Body)
 }
 
-// fingerprint covers the operation and the body; a JSON body is
-// canonicalized, anything else is taken byte for byte.
-func fingerprint(op string, body []byte) recovery.Fingerprint {
+// fingerprint covers the operation, the request's path and query (a
+// route's pattern does not say which resource it names) and the body; a
+// JSON body is canonicalized, anything else is taken byte for byte.
+func fingerprint(op string, r *http.Request, body []byte) recovery.Fingerprint {
+	target := op + " " + r.URL.EscapedPath() + "?" + r.URL.RawQuery
 	if len(body) > 0 {
-		if fp, _, err := recovery.FingerprintJSON(op, body); err == nil {
+		if fp, _, err := recovery.FingerprintJSON(target, body); err == nil {
 			return fp
 		}
 	}
-	return recovery.FingerprintBytes(op, body)
+	return recovery.FingerprintBytes(target, body)
 }

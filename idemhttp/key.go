@@ -20,9 +20,11 @@ const TenantHeaderDefault = "X-Tenant-ID"
 
 var errNoKey = errors.New("the Idempotency-Key header is missing")
 
-// parseKey reads the Idempotency-Key header: a bare token or an RFC 8941
-// sf-string ("abc", with \" and \\ escapes). The result is then held to the
-// input rules of recovery.Key.
+// parseKey reads the Idempotency-Key header: a bare key of visible ASCII
+// (no spaces, commas, semicolons, quotes or backslashes, which would make
+// it ambiguous once proxies merge headers) or an RFC 8941 sf-string ("abc",
+// with \" and \\ escapes, parameters after it ignored). The result is then
+// held to the input rules of recovery.Key.
 func parseKey(r *http.Request) (string, error) {
 	values := r.Header.Values(Header)
 	if len(values) == 0 {
@@ -32,21 +34,27 @@ func parseKey(r *http.Request) (string, error) {
 		return "", errors.New("more than one Idempotency-Key header")
 	}
 	raw := strings.TrimSpace(values[0])
-	if !strings.HasPrefix(raw, `"`) {
-		return raw, nil
+	if strings.HasPrefix(raw, `"`) {
+		return parseString(raw)
 	}
-	return parseString(raw)
+	for i := 0; i < len(raw); i++ {
+		if c := raw[i]; c <= ' ' || c > '~' || strings.IndexByte(`",;\`, c) >= 0 {
+			return "", fmt.Errorf("an unquoted Idempotency-Key holds visible ASCII only, without spaces, commas, semicolons, quotes or backslashes (byte %d); quote it as an RFC 8941 string", i)
+		}
+	}
+	return raw, nil
 }
 
 // parseString decodes an RFC 8941 sf-string: printable ASCII between double
-// quotes, where only \" and \\ are escapes.
+// quotes, where only \" and \\ are escapes, optionally followed by
+// parameters (";name=value"), which are ignored.
 func parseString(raw string) (string, error) {
 	var b strings.Builder
 	for i := 1; i < len(raw); i++ {
 		c := raw[i]
 		switch {
 		case c == '"':
-			if i != len(raw)-1 {
+			if rest := raw[i+1:]; rest != "" && !strings.HasPrefix(rest, ";") {
 				return "", errors.New("data after the quoted Idempotency-Key")
 			}
 			return b.String(), nil

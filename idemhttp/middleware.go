@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -71,7 +72,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op := m.operation(r)
-	rec, outcome, err := m.store.Claim(r.Context(), recovery.ClaimParams{Key: key, Workflow: op, Fingerprint: fingerprint(op, body)})
+	rec, outcome, err := m.store.Claim(r.Context(), recovery.ClaimParams{Key: key, Workflow: op, Fingerprint: fingerprint(op, r, body)})
 	m.observe(op, outcome, err)
 	if err != nil {
 		writeProblem(w, m.claimProblem(r, err))
@@ -81,107 +82,152 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeResponse(w, *rec.Response, true)
 		return
 	}
-	m.serve(w, r, rec, body)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	m.serve(w, r, rec)
 }
 
-// serve runs the handler for a claimed key and stores its response.
-func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery.Record, body []byte) {
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	resp, t, ok := m.handle(r)
-	if !ok || resp.Status >= 500 {
-		t.rollback()
-		m.forget(r, rec)
-		if !ok {
+// serve runs the handler for a claimed key, renewing its lease meanwhile,
+// and stores its response.
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery.Record) {
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	stop := m.heartbeat(ctx, rec.Fence(), cancel)
+	resp, t, outcome := m.handle(r.WithContext(ctx))
+	stop()
+	// What is left to do is done even if the client went away: the work is.
+	cleanupCtx, cancelCleanup := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
+	defer cancelCleanup()
+	if outcome != returned || resp.Status >= 500 {
+		t.end(cleanupCtx, nil)
+		m.forget(cleanupCtx, rec)
+		switch outcome {
+		case aborted:
+			panic(http.ErrAbortHandler)
+		case panicked:
 			writeProblem(w, &problem{status: http.StatusInternalServerError, detail: "the request failed; it may be retried"})
-			return
+		default:
+			writeResponse(w, resp, false)
 		}
-		writeResponse(w, resp, false)
 		return
 	}
-	if err := m.complete(r.Context(), t, rec, resp); err != nil {
-		t.rollback()
-		if errors.Is(err, recovery.ErrLeaseLost) {
-			writeProblem(w, &problem{status: http.StatusConflict, retryAfter: time.Second,
-				detail: "another attempt took this request over; retry to get its answer"})
-			return
+	err := t.end(cleanupCtx, func(conn *pgxpool.Conn) error {
+		if conn == nil {
+			return m.store.Complete(cleanupCtx, rec.Fence(), resp)
 		}
+		return m.store.CompleteAndCommit(cleanupCtx, conn, rec.Fence(), "", nil, resp)
+	})
+	switch {
+	case errors.Is(err, recovery.ErrLeaseLost):
+		writeProblem(w, &problem{status: http.StatusConflict, retryAfter: time.Second,
+			detail: "another attempt took this request over; retry to get its answer"})
+	case err != nil:
 		m.logger.ErrorContext(r.Context(), "could not store the response", slog.Any("error", err))
+		m.forget(cleanupCtx, rec) // nothing was stored: let a retry run it again
 		writeProblem(w, &problem{status: http.StatusServiceUnavailable, retryAfter: time.Second,
 			detail: "the response could not be stored; retry with the same key"})
-		return
+	default:
+		writeResponse(w, resp, false)
 	}
-	writeResponse(w, resp, false)
+}
+
+// heartbeat renews the key's lease every third of it until stop is
+// called. A renewal that finds the key taken over cancels the handler's
+// context.
+func (m *middleware) heartbeat(ctx context.Context, f recovery.Fence, cancel context.CancelCauseFunc) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		ticker := time.NewTicker(m.store.Lease() / 3)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
+			if _, err := m.store.Renew(ctx, f, 0); errors.Is(err, recovery.ErrLeaseLost) {
+				cancel(err)
+				return
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
 }
 
 // unprotected runs the handler for a request without a key, on a route
 // that allows it: nothing is claimed or stored, but Tx works the same, and
 // its transaction commits unless the handler answers 500 or more.
 func (m *middleware) unprotected(w http.ResponseWriter, r *http.Request) {
-	resp, t, ok := m.handle(r)
-	switch {
-	case !ok:
-		t.rollback()
-		writeProblem(w, &problem{status: http.StatusInternalServerError, detail: "the request failed"})
+	body, p := m.readBody(w, r)
+	if p != nil {
+		writeProblem(w, p)
 		return
-	case resp.Status >= 500:
-		t.rollback()
-	case t.tx != nil:
-		_, err := t.conn.Exec(r.Context(), "commit")
-		t.release()
-		if err != nil {
-			writeProblem(w, &problem{status: http.StatusServiceUnavailable, detail: "the request's writes could not be committed"})
-			return
-		}
 	}
-	writeResponse(w, resp, false)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	resp, t, outcome := m.handle(r)
+	commit := func(conn *pgxpool.Conn) error {
+		if conn == nil {
+			return nil
+		}
+		_, err := conn.Exec(r.Context(), "commit")
+		return err
+	}
+	if outcome != returned || resp.Status >= 500 {
+		commit = nil
+	}
+	err := t.end(r.Context(), commit)
+	switch {
+	case outcome == aborted:
+		panic(http.ErrAbortHandler)
+	case outcome == panicked:
+		writeProblem(w, &problem{status: http.StatusInternalServerError, detail: "the request failed"})
+	case err != nil:
+		writeProblem(w, &problem{status: http.StatusServiceUnavailable, detail: "the request's writes could not be committed"})
+	default:
+		writeResponse(w, resp, false)
+	}
 }
 
+// handlerOutcome is how a handler ended.
+type handlerOutcome int
+
+const (
+	returned handlerOutcome = iota
+	panicked
+	aborted // panic(http.ErrAbortHandler): the connection is to be dropped
+)
+
 // handle runs the handler with a transaction to lend (Tx) and a recorder,
-// and returns its response, the transaction holder and whether it returned
-// without panicking.
-func (m *middleware) handle(r *http.Request) (recovery.Response, *txHolder, bool) {
+// and returns its response, the transaction holder and how it ended.
+func (m *middleware) handle(r *http.Request) (recovery.Response, *txHolder, handlerOutcome) {
 	t := &txHolder{db: m.db}
 	r = r.WithContext(context.WithValue(r.Context(), txKey{}, t))
 	out := &recorder{header: http.Header{}}
-	ok := m.run(out, r)
-	return recovery.Response{Status: out.statusOr200(), Header: out.header, Body: out.body.Bytes()}, t, ok
+	outcome := m.run(out, r)
+	return recovery.Response{Status: out.statusOr200(), Header: out.header, Body: out.body.Bytes()}, t, outcome
 }
 
-// run calls the handler, reporting false if it panicked.
-func (m *middleware) run(w http.ResponseWriter, r *http.Request) (ok bool) {
+// run calls the handler and reports how it ended.
+func (m *middleware) run(w http.ResponseWriter, r *http.Request) (outcome handlerOutcome) {
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler {
-				panic(v)
+				outcome = aborted
+				return
 			}
 			m.logger.ErrorContext(r.Context(), "handler panicked", slog.Any("panic", v), slog.String("stack", string(debug.Stack())))
-			ok = false
+			outcome = panicked
 		}
 	}()
 	m.next.ServeHTTP(w, r)
-	return true
-}
-
-// complete stores resp, with the handler's transaction when it opened one:
-// the stored response and the COMMIT go in one round trip.
-func (m *middleware) complete(ctx context.Context, t *txHolder, rec *recovery.Record, resp recovery.Response) error {
-	if t.tx == nil {
-		return m.store.Complete(ctx, rec.Fence(), resp)
-	}
-	err := m.store.CompleteAndCommit(ctx, t.conn, rec.Fence(), "", nil, resp)
-	if err != nil {
-		t.rollback()
-		return err
-	}
-	t.release()
-	return nil
+	return returned
 }
 
 // forget drops the claim of a request whose response is not stored, so
 // that a retry runs the handler afresh.
-func (m *middleware) forget(r *http.Request, rec *recovery.Record) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
-	defer cancel()
+func (m *middleware) forget(ctx context.Context, rec *recovery.Record) {
 	if err := m.store.DeleteUnstarted(ctx, rec.Fence()); err != nil {
 		m.logger.WarnContext(ctx, "could not drop the claim of a failed request", slog.Any("error", err))
 	}
@@ -189,33 +235,25 @@ func (m *middleware) forget(r *http.Request, rec *recovery.Record) {
 
 type txKey struct{}
 
+// errTxDone reports Tx called after the handler returned.
+var errTxDone = errors.New("idemhttp: the request's transaction is over: Tx was called after the handler returned")
+
 // txHolder begins the handler's transaction on first use, on a connection
-// it holds until the response is stored.
+// it holds until the response is stored, and refuses to begin one after.
 type txHolder struct {
-	db   workflow.DB
-	conn *pgxpool.Conn
-	tx   pgx.Tx
+	mu     sync.Mutex
+	db     workflow.DB
+	conn   *pgxpool.Conn
+	tx     pgx.Tx
+	closed bool
 }
 
-func (t *txHolder) rollback() {
-	if t.conn != nil {
-		_, _ = t.conn.Exec(context.Background(), "rollback")
-		t.release()
-	}
-}
-
-func (t *txHolder) release() {
-	t.conn.Release()
-	t.conn, t.tx = nil, nil
-}
-
-// Tx returns the transaction in which the middleware stores the handler's
-// response, beginning it on first use: writes made in it commit together
-// with the stored response, or not at all. Do not commit or roll it back.
-func Tx(ctx context.Context) (pgx.Tx, error) {
-	t, ok := ctx.Value(txKey{}).(*txHolder)
-	if !ok {
-		return nil, ErrNoTransaction
+// get returns the transaction, beginning it on first use.
+func (t *txHolder) get(ctx context.Context) (pgx.Tx, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, errTxDone
 	}
 	if t.tx == nil {
 		conn, err := t.db.Acquire(ctx)
@@ -232,6 +270,41 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 	return t.tx, nil
 }
 
+// end closes the holder and ends its transaction: with commit, which
+// commits it (and is called with nil when there was none), or, when commit
+// is nil or fails, by rolling it back. The connection goes back to the
+// pool.
+func (t *txHolder) end(ctx context.Context, commit func(*pgxpool.Conn) error) error {
+	t.mu.Lock()
+	t.closed = true
+	conn := t.conn
+	t.conn, t.tx = nil, nil
+	t.mu.Unlock()
+	var err error
+	if commit != nil {
+		err = commit(conn)
+	}
+	if conn != nil {
+		if commit == nil || err != nil {
+			_, _ = conn.Exec(ctx, "rollback")
+		}
+		conn.Release()
+	}
+	return err
+}
+
+// Tx returns the transaction in which the middleware stores the handler's
+// response, beginning it on first use: writes made in it commit together
+// with the stored response, or not at all. Do not commit or roll it back,
+// and do not use it after the handler returned.
+func Tx(ctx context.Context) (pgx.Tx, error) {
+	t, ok := ctx.Value(txKey{}).(*txHolder)
+	if !ok {
+		return nil, ErrNoTransaction
+	}
+	return t.get(ctx)
+}
+
 // recorder buffers a handler's response.
 type recorder struct {
 	header http.Header
@@ -241,8 +314,10 @@ type recorder struct {
 
 func (r *recorder) Header() http.Header { return r.header }
 
+// WriteHeader records the first final status; informational (1xx)
+// statuses are dropped, as the stored response has only the final one.
 func (r *recorder) WriteHeader(status int) {
-	if r.status == 0 {
+	if r.status == 0 && status >= 200 {
 		r.status = status
 	}
 }

@@ -8,9 +8,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -127,7 +129,7 @@ func TestStoresAndReplays(t *testing.T) {
 	require.Empty(t, first.header.Get(idemhttp.ReplayedHeader))
 	require.Equal(t, "session=1", first.header.Get("Set-Cookie"), "the first answer is the handler's, whole")
 
-	for _, key := range []string{"k1", `"k1"`} { // a bare token and an RFC 8941 string
+	for _, key := range []string{"k1", `"k1"`, `"k1";v=2`} { // a bare key, an RFC 8941 string, with a parameter
 		again := s.post("/v1/charges", key, "acme", "{\n  \"currency\": \"usd\",\n  \"amount\": 1e2\n}")
 		require.Equal(t, http.StatusCreated, again.status)
 		require.Equal(t, first.body, again.body, "byte for byte")
@@ -153,7 +155,12 @@ func TestRejectsBadRequestsWithoutRunning(t *testing.T) {
 		{"missing key", "", "acme", `{}`, 400, "missing"},
 		{"empty key", `""`, "acme", `{}`, 400, "required"},
 		{"long key", strings.Repeat("k", 256), "acme", `{}`, 400, "longer than 255"},
-		{"unprintable key", "a\tb", "acme", `{}`, 400, "non-printable"},
+		{"unprintable key", "a\tb", "acme", `{}`, 400, "visible ASCII only"},
+		{"space in a bare key", "a b", "acme", `{}`, 400, "visible ASCII only"},
+		{"merged headers", "a, b", "acme", `{}`, 400, "visible ASCII only"},
+		{"non-ASCII bare key", "ключ", "acme", `{}`, 400, "visible ASCII only"},
+		{"quote in a bare key", `abc"`, "acme", `{}`, 400, "visible ASCII only"},
+		{"unprintable quoted key", "\"a\tb\"", "acme", `{}`, 400, "printable ASCII only"},
 		{"bad quoting", `"a\b"`, "acme", `{}`, 400, "escape"},
 		{"unterminated quoting", `"ab`, "acme", `{}`, 400, "closing quote"},
 		{"missing tenant", "k", "", `{}`, 401, "tenant"},
@@ -290,4 +297,136 @@ func TestTxOutsideMiddleware(t *testing.T) {
 	require.True(t, errors.Is(err, idemhttp.ErrNoTransaction))
 	_, err = idemhttp.Middleware(nil, idemhttp.Config{MaxBody: -1})
 	require.Error(t, err)
+}
+
+// TestPathAndQueryAreFingerprinted: one route pattern names many
+// resources; a key reused for another one is a mismatch, not its replay.
+func TestPathAndQueryAreFingerprinted(t *testing.T) {
+	t.Parallel()
+	db := dbtest.NewPool(t, 4)
+	mw, err := idemhttp.Middleware(db, idemhttp.Config{})
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/orders/{id}/refund", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "refunded order %s amount %s", r.PathValue("id"), r.URL.Query().Get("amount"))
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	s := &server{t: t, db: db, url: srv.URL}
+	require.Equal(t, 200, s.post("/v1/orders/1/refund?amount=5", "k", "acme", "").status)
+	require.Equal(t, http.StatusUnprocessableEntity, s.post("/v1/orders/2/refund?amount=5", "k", "acme", "").status)
+	require.Equal(t, http.StatusUnprocessableEntity, s.post("/v1/orders/1/refund?amount=500", "k", "acme", "").status)
+	again := s.post("/v1/orders/1/refund?amount=5", "k", "acme", "")
+	require.Equal(t, "refunded order 1 amount 5", again.body)
+	require.Equal(t, "true", again.header.Get(idemhttp.ReplayedHeader))
+}
+
+func TestInformationalStatusIsNotStored(t *testing.T) {
+	s := newServer(t, idemhttp.Config{})
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusEarlyHints)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, "made")
+	}
+	first := s.post("/v1/charges", "k1", "acme", `{}`)
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Equal(t, http.StatusCreated, s.post("/v1/charges", "k1", "acme", `{}`).status)
+}
+
+// TestAbortedHandlerReleasesEverything: panic(http.ErrAbortHandler) drops
+// the client's connection; the middleware still rolls back, hands its
+// database connection back and frees the key.
+func TestAbortedHandlerReleasesEverything(t *testing.T) {
+	s := newServer(t, idemhttp.Config{})
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		tx, _ := idemhttp.Tx(r.Context())
+		_, _ = tx.Exec(r.Context(), `INSERT INTO charges (body) VALUES ('aborted')`)
+		panic(http.ErrAbortHandler)
+	}
+	for range 3 {
+		req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/charges", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", "k1")
+		req.Header.Set("X-Tenant-ID", "acme")
+		_, err := http.DefaultClient.Do(req)
+		require.Error(t, err, "the connection was dropped")
+	}
+	require.Zero(t, s.db.Stat().AcquiredConns(), "no database connection left behind")
+	require.Zero(t, s.rows())
+	s.handle = s.charge
+	require.Equal(t, 201, s.post("/v1/charges", "k1", "acme", `{}`).status, "the key is free")
+}
+
+// TestTxAfterTheHandlerReturned: a goroutine the handler left behind gets
+// an error, not a transaction nobody ends.
+func TestTxAfterTheHandlerReturned(t *testing.T) {
+	s := newServer(t, idemhttp.Config{})
+	late := make(chan error, 1)
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		ctx := context.WithoutCancel(r.Context())
+		go func() {
+			for { // until the handler has returned and the transaction is over
+				runtime.Gosched()
+				if _, err := idemhttp.Tx(ctx); err != nil {
+					late <- err
+					return
+				}
+			}
+		}()
+		w.WriteHeader(http.StatusCreated)
+	}
+	require.Equal(t, 201, s.post("/v1/charges", "k1", "acme", `{}`).status)
+	require.Error(t, <-late)
+	require.Eventually(t, func() bool { return s.db.Stat().AcquiredConns() == 0 }, 5*time.Second, 10*time.Millisecond)
+}
+
+// TestClientGoneAfterTheHandler: the handler's work is stored even when
+// its client gave up waiting; the retry gets the replay.
+func TestClientGoneAfterTheHandler(t *testing.T) {
+	s := newServer(t, idemhttp.Config{})
+	release := make(chan struct{})
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // the client is gone
+		close(release)
+		s.charge(w, r.WithContext(context.WithoutCancel(r.Context())))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.url+"/v1/charges", strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", "k1")
+	req.Header.Set("X-Tenant-ID", "acme")
+	go func() { _, _ = http.DefaultClient.Do(req) }()
+	require.Eventually(t, func() bool { return s.runs.Load() == 1 }, 5*time.Second, time.Millisecond)
+	cancel()
+	<-release
+	s.handle = func(http.ResponseWriter, *http.Request) { t.Error("the handler ran again") }
+	var replay reply
+	require.Eventually(t, func() bool {
+		replay = s.post("/v1/charges", "k1", "acme", `{}`)
+		return replay.status != http.StatusConflict
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, http.StatusCreated, replay.status)
+	require.Equal(t, "true", replay.header.Get(idemhttp.ReplayedHeader))
+	require.Equal(t, 1, s.rows())
+}
+
+// TestLongHandlerKeepsItsLease: a handler that runs past a third of its
+// lease has the lease renewed, so a duplicate meanwhile is still 409.
+func TestLongHandlerKeepsItsLease(t *testing.T) {
+	s := newServer(t, idemhttp.Config{Lease: 150 * time.Millisecond})
+	release := make(chan struct{})
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		s.charge(w, r)
+	}
+	done := make(chan reply, 1)
+	go func() { done <- s.post("/v1/charges", "k1", "acme", `{}`) }()
+	store, err := recovery.New(s.db, recovery.Config{})
+	require.NoError(t, err)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	require.Eventually(t, func() bool { // renewed well past the first lease
+		rec, err := store.Load(context.Background(), key)
+		return err == nil && rec.LockedUntil.Sub(rec.CreatedAt) > 400*time.Millisecond
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, http.StatusConflict, s.post("/v1/charges", "k1", "acme", `{}`).status)
+	close(release)
+	require.Equal(t, http.StatusCreated, (<-done).status)
 }

@@ -25,6 +25,11 @@ type Validator interface {
 // writes its response, with Idempotent-Replayed: true on a replay. A step's
 // failure is 500 and the key stays resumable: a retry with the same key, or
 // the sweeper, finishes the work.
+//
+// Of cfg, Tenant, MaxBody and Logger apply; the engine's own Config governs
+// the rest (schema, lease, stored headers, observer). The key is always
+// required, and the fingerprint is the workflow's name and the decoded
+// request: carry what the path says in the body.
 func Workflow[Req, State any](engine *workflow.Engine, wf *workflow.Workflow[Req, State], cfg Config) (http.Handler, error) {
 	c, err := newCore(cfg)
 	if err != nil {

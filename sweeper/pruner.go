@@ -49,6 +49,14 @@ type PrunerConfig struct {
 	// means Retention; -1 keeps them. Dead messages are always kept.
 	OutboxRetention time.Duration
 
+	// AbandonedRetention, when positive, also deletes keys in flight that
+	// store no request (the HTTP middleware's claims, which nothing can
+	// resume) whose lease ended longer ago than this: their client gave up,
+	// and a retry after that is a new request, as after Retention. 0 keeps
+	// them, for an operator to see (onceflow keys list --stuck-for).
+	// Workflow keys, which store their request, are never deleted in flight.
+	AbandonedRetention time.Duration
+
 	// BatchSize is how many rows one statement deletes at most. 0 means
 	// PruneBatchDefault. After a statement times out, the pruner halves it
 	// (down to 10) for the rest of the run.
@@ -68,12 +76,13 @@ type PrunerConfig struct {
 // Pruner deletes records that finished longer ago than the retention, in
 // bounded, time-boxed batches. It never touches a record in flight.
 type Pruner struct {
-	db       DBTX
-	cfg      PrunerConfig
-	keys     string
-	outbox   string
-	logger   *slog.Logger
-	observer Observer
+	db        DBTX
+	cfg       PrunerConfig
+	keys      string
+	outbox    string
+	abandoned string
+	logger    *slog.Logger
+	observer  Observer
 }
 
 // NewPruner returns a pruner.
@@ -91,12 +100,13 @@ func NewPruner(db DBTX, cfg PrunerConfig) (*Pruner, error) {
 		return nil, errors.New("sweeper: pruner retention, batch size and query timeout must be positive")
 	}
 	return &Pruner{
-		db:       db,
-		cfg:      cfg,
-		keys:     dbschema.Expand(pruneKeysSQL, schema),
-		outbox:   dbschema.Expand(pruneOutboxSQL, schema),
-		logger:   cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
-		observer: cfg.Observer,
+		db:        db,
+		cfg:       cfg,
+		keys:      dbschema.Expand(pruneKeysSQL, schema),
+		outbox:    dbschema.Expand(pruneOutboxSQL, schema),
+		abandoned: dbschema.Expand(pruneAbandonedSQL, schema),
+		logger:    cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		observer:  cfg.Observer,
 	}, nil
 }
 
@@ -126,11 +136,29 @@ DELETE FROM {schema}.onceflow_outbox WHERE id IN (
     FOR UPDATE SKIP LOCKED
 )`
 
+// pruneAbandonedSQL deletes a batch of request-less keys in flight whose
+// lease ended before the cut-off (see AbandonedRetention).
+const pruneAbandonedSQL = `
+DELETE FROM {schema}.onceflow_keys WHERE (tenant_id, key) IN (
+    SELECT tenant_id, key FROM {schema}.onceflow_keys
+    WHERE status = 'in_flight' AND request IS NULL
+      AND locked_until < clock_timestamp() - $1::bigint * interval '1 microsecond'
+    ORDER BY created_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+) AND status = 'in_flight' AND request IS NULL
+  AND locked_until < clock_timestamp() - $1::bigint * interval '1 microsecond'`
+
 // Run prunes until nothing is due, ctx ends, or a statement fails other
 // than by timing out.
 func (p *Pruner) Run(ctx context.Context) error {
 	if _, err := p.prune(ctx, "onceflow_keys", p.keys, p.cfg.Retention); err != nil {
 		return err
+	}
+	if p.cfg.AbandonedRetention > 0 {
+		if _, err := p.prune(ctx, "onceflow_keys", p.abandoned, p.cfg.AbandonedRetention); err != nil {
+			return err
+		}
 	}
 	if p.cfg.OutboxRetention < 0 {
 		return nil

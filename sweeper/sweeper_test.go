@@ -439,3 +439,25 @@ func completeAll(ctx context.Context, db *pgxpool.Pool, wf workflow.Definition) 
 	fmt.Printf("completed %d\n", obs.resumed["checkout"])
 	return 0
 }
+
+// TestPrunerDeletesAbandonedMiddlewareClaimsWhenAsked: request-less keys in
+// flight whose lease ended long ago go only with AbandonedRetention; a
+// workflow's key, which stores its request, always stays.
+func TestPrunerDeletesAbandonedMiddlewareClaimsWhenAsked(t *testing.T) {
+	b := setup(t)
+	seed(t, b.db, 5, "in_flight", "2 days") // request-less
+	b.abandon(t, 2)                         // workflow keys: they store their request
+	_, err := b.db.Exec(b.ctx, `UPDATE onceflow_keys SET locked_until = now() - interval '2 days'`)
+	require.NoError(t, err)
+
+	keep, err := sweeper.NewPruner(b.db, sweeper.PrunerConfig{Pause: -1})
+	require.NoError(t, err)
+	require.NoError(t, keep.Run(b.ctx))
+	require.Equal(t, 7, b.count(t, `SELECT count(*) FROM onceflow_keys`), "kept by default")
+
+	drop, err := sweeper.NewPruner(b.db, sweeper.PrunerConfig{Pause: -1, AbandonedRetention: 24 * time.Hour})
+	require.NoError(t, err)
+	require.NoError(t, drop.Run(b.ctx))
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM onceflow_keys`))
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM onceflow_keys WHERE request IS NOT NULL`))
+}

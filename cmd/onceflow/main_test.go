@@ -42,8 +42,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build onceflow:", err)
 		os.Exit(1)
 	}
-	defer os.RemoveAll(dir)
-	dbtest.Main(m)
+	code := dbtest.Run(m)
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 type result struct {

@@ -18,6 +18,7 @@ import (
 type sweeperFlags struct {
 	pruneEvery, reportEvery string
 	retention, outboxRet    time.Duration
+	abandonedRet            time.Duration
 	batchSize               int
 	metricsAddr             string
 	once                    bool
@@ -44,6 +45,8 @@ Schedules are cron specs ("*/5 * * * *") or descriptors ("@every 1m", "@hourly")
 	cmd.Flags().StringVar(&f.reportEvery, "report-every", "@every 30s", "when to report abandoned records and the oldest in flight")
 	cmd.Flags().DurationVar(&f.retention, "retention", sweeper.RetentionDefault, "keep finished keys this long")
 	cmd.Flags().DurationVar(&f.outboxRet, "outbox-retention", 0, "keep delivered outbox messages this long (default: --retention; -1ns keeps them)")
+	cmd.Flags().DurationVar(&f.abandonedRet, "abandoned-retention", 0,
+		"also delete keys in flight that store no request (HTTP middleware claims) whose lease ended longer ago than this (default: keep them)")
 	cmd.Flags().IntVar(&f.batchSize, "batch-size", sweeper.PruneBatchDefault, "rows one prune statement deletes at most")
 	cmd.Flags().StringVar(&f.metricsAddr, "metrics-addr", "", "serve /metrics and /healthz on this address, e.g. :9464")
 	cmd.Flags().BoolVar(&f.once, "once", false, "run each task once and exit")
@@ -62,7 +65,7 @@ func runSweeper(ctx context.Context, opts *options, f sweeperFlags) error {
 	logger := slog.New(slog.NewTextHandler(opts.stderr, nil))
 	m := metrics.New()
 	pruner, err := sweeper.NewPruner(db, sweeper.PrunerConfig{Schema: opts.schema, Retention: f.retention,
-		OutboxRetention: f.outboxRet, BatchSize: f.batchSize, Logger: logger, Observer: m})
+		OutboxRetention: f.outboxRet, AbandonedRetention: f.abandonedRet, BatchSize: f.batchSize, Logger: logger, Observer: m})
 	if err != nil {
 		return usageError{err}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/idemhttp"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/workflow"
@@ -209,7 +210,7 @@ func (a *app) sendReceipt(ctx context.Context, m *outbox.Record) error {
 
 // getOrder serves GET /v1/orders/{order_id}, for the order's tenant only.
 func (a *app) getOrder(w http.ResponseWriter, r *http.Request) {
-	tenant := strings.TrimSpace(r.Header.Get("X-Tenant-ID"))
+	tenant := idemhttp.TenantFromHeader(idemhttp.TenantHeaderDefault)(r)
 	if tenant == "" {
 		writeProblem(w, workflow.Problem(http.StatusUnauthorized, "no tenant: the request does not say whose it is"))
 		return

@@ -46,6 +46,7 @@ func demo(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	defer server.Kill() // on the way out, whatever happened
 	key := demoKey()
 	say("• POST /v1/checkouts  Idempotency-Key: %s  (the server will die right after the charge)", key)
 	if _, err := post(ctx, server.URL, key); err == nil {
@@ -70,7 +71,7 @@ func demo(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer server.Stop()
+	defer server.Kill()
 	say("• restarted the server; the client retries with the same key")
 	first, err := retryUntilDone(ctx, server.URL, key, say)
 	if err != nil {
@@ -97,6 +98,9 @@ func demo(ctx context.Context, out io.Writer) error {
 	return nil
 }
 
+// demoClient gives up on a server that hangs rather than hang the demo.
+var demoClient = &http.Client{Timeout: 30 * time.Second}
+
 type answer struct {
 	status     int
 	body       []byte
@@ -113,7 +117,7 @@ func post(ctx context.Context, base, key string) (answer, error) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("X-Tenant-ID", "acme")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := demoClient.Do(req)
 	if err != nil {
 		return answer{}, err
 	}

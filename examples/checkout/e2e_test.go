@@ -40,8 +40,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build checkout:", err)
 		os.Exit(1)
 	}
-	defer os.RemoveAll(dir)
-	dbtest.Main(m)
+	code := dbtest.Run(m)
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // env is one test's database and payment provider process.
@@ -185,6 +186,7 @@ func TestCheckoutStatusCodes(t *testing.T) {
 	require.Contains(t, got.body, `"status":"paid"`)
 	require.Contains(t, got.body, `"charge_id":"`+paid.ChargeID+`"`)
 	problem(e.do(http.MethodGet, app.URL+"/v1/orders/"+paid.OrderID, "", "globex", ""), http.StatusNotFound)
+	problem(e.do(http.MethodGet, app.URL+"/v1/orders/"+paid.OrderID, "", "", ""), http.StatusUnauthorized)
 	require.Len(t, e.charges(), 1)
 }
 
@@ -229,6 +231,9 @@ func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
 				b, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
 				status, body = resp.StatusCode, string(b)
+				if status == http.StatusConflict && resp.Header.Get("Retry-After") == "" {
+					status = -2 // a 409 must say when to retry
+				}
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -271,6 +276,7 @@ func TestCrashAfterEachStep(t *testing.T) {
 			}, 30*time.Second, 50*time.Millisecond)
 			require.Equal(t, http.StatusCreated, res.status, res.body)
 			require.Equal(t, uncrashed, normalized(res.body))
+			require.Equal(t, 1, e.count(`SELECT count(*) FROM checkout_orders`))
 			require.Equal(t, 1, e.count(`SELECT count(*) FROM checkout_orders WHERE status = 'paid'`))
 			charges := e.charges()
 			require.Len(t, charges, 1)
@@ -399,4 +405,30 @@ func TestDemo(t *testing.T) {
 	} {
 		require.Contains(t, string(out), line)
 	}
+}
+
+// TestFailedStepIs500AndResumes: with the provider down, the charge fails:
+// 500, the order kept at its recovery point; once the provider is back, the
+// retry resumes and charges once.
+func TestFailedStepIs500AndResumes(t *testing.T) {
+	e := newEnv(t)
+	down := e.serve("--provider-url", "http://127.0.0.1:1") // nothing listens there
+	res := e.checkout(down, "k-1", order)
+	require.Equal(t, http.StatusInternalServerError, res.status, res.body)
+	require.Equal(t, "application/problem+json", res.header.Get("Content-Type"))
+	require.Contains(t, res.body, "retry with the same key to resume")
+	down.Stop()
+
+	app := e.serve()
+	ok := e.checkout(app, "k-1", order)
+	require.Equal(t, http.StatusCreated, ok.status, ok.body)
+	require.Equal(t, 1, e.count(`SELECT count(*) FROM checkout_orders`), "the retry resumed after create_order")
+	require.Len(t, e.charges(), 1)
+}
+
+func TestCrashAfterNeedsADatabaseThatOutlivesIt(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command(binary, "serve", "--crash-after", "charge").CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "--crash-after needs --database-url and --provider-url")
 }

@@ -23,9 +23,11 @@ type serveProcess struct {
 	stderr bytes.Buffer
 }
 
-// startServe starts exe serve with args and waits until it listens.
+// startServe starts exe serve with args and waits until it listens. The
+// child gets SIGKILL if this process dies first.
 func startServe(ctx context.Context, exe string, args ...string) (*serveProcess, error) {
 	p := &serveProcess{cmd: exec.Command(exe, append([]string{"serve", "--addr", "127.0.0.1:0"}, args...)...), done: make(chan struct{})}
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -35,7 +37,9 @@ func startServe(ctx context.Context, exe string, args ...string) (*serveProcess,
 		return nil, err
 	}
 	urls := make(chan string, 1)
+	read := make(chan struct{})
 	go func() {
+		defer close(read)
 		lines := bufio.NewScanner(stdout)
 		for lines.Scan() {
 			if url, found := strings.CutPrefix(lines.Text(), "listening on "); found {
@@ -43,7 +47,11 @@ func startServe(ctx context.Context, exe string, args ...string) (*serveProcess,
 			}
 		}
 	}()
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	go func() {
+		<-read // Wait closes the pipe: read it to the end first
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
 	select {
 	case p.URL = <-urls:
 		return p, nil
@@ -70,8 +78,13 @@ func (p *serveProcess) Stop() int {
 	return p.Wait()
 }
 
-// Kill ends the process at once.
+// Kill ends the process at once; it does nothing if it has ended.
 func (p *serveProcess) Kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
 	_ = p.cmd.Process.Kill()
 	<-p.done
 }

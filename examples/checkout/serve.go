@@ -34,6 +34,9 @@ type serveFlags struct {
 // serve runs the checkout API until ctx ends.
 func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	if f.crashAfter != "" && (f.databaseURL == "" || f.providerURL == "") {
+		return errors.New("--crash-after needs --database-url and --provider-url: the throwaway database and the in-process provider die with the process, and the retry would find nothing to resume")
+	}
 	url := f.databaseURL
 	if url == "" {
 		cluster, err := pgcluster.Start(ctx, pgcluster.Options{Logger: logger})
@@ -59,7 +62,10 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 		logger.Info("payment provider started in-process", slog.String("url", providerURL))
 	}
 
-	ob, _ := outbox.New(outbox.Config{})
+	ob, err := outbox.New(outbox.Config{})
+	if err != nil {
+		return err
+	}
 	a := &app{db: db, outbox: ob, provider: providerURL, client: &http.Client{Timeout: 10 * time.Second}, logger: logger}
 	checkout := a.checkout()
 	hooks, err := crashHooks(checkout, f.crashAfter, stderr)

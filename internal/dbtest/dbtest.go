@@ -38,10 +38,12 @@ var server struct {
 // Main runs the tests of m against a real PostgreSQL and exits with their
 // result. Use it as: func TestMain(m *testing.M) { dbtest.Main(m) }.
 func Main(m *testing.M) {
-	os.Exit(run(m))
+	os.Exit(Run(m))
 }
 
-func run(m *testing.M) int {
+// Run is Main without the exit: it returns the code to exit with, for a
+// TestMain that has more to clean up.
+func Run(m *testing.M) int {
 	ctx := context.Background()
 	server.adminURL = pgcluster.URLFromEnv()
 	if server.adminURL == "" {
