@@ -1,0 +1,148 @@
+// Package bench measures what onceflow costs against the bare-SQL floor: the
+// same business statements in the same transactions with no onceflow,
+// measured in the same run against the same PostgreSQL, in alternation so
+// that a noisy machine affects both alike. Every figure is a ratio against
+// its floor, or a count.
+//
+// `onceflow bench` runs the suite and prints the table; the Benchmark
+// functions in this package run single cases under `go test -bench`.
+package bench
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Config configures a run.
+type Config struct {
+	// DatabaseURL is a server where the user may CREATE DATABASE; "" starts
+	// a throwaway cluster.
+	DatabaseURL string
+	// Round is how long each side of each throughput round runs. 0 means 1s.
+	Round time.Duration
+	// Rounds is how many times the two sides alternate. 0 means 5.
+	Rounds int
+	// LargeTable is the row count of the large claim-latency table. 0 means
+	// one million.
+	LargeTable int
+	// Logger receives progress. nil discards it.
+	Logger *slog.Logger
+}
+
+// Result is one figure of the table.
+type Result struct {
+	Figure   string  `json:"figure"`
+	Onceflow float64 `json:"onceflow"`
+	Floor    float64 `json:"floor"`
+	Unit     string  `json:"unit"`
+	// Ratio is Onceflow/Floor for throughputs; for other figures it is the
+	// figure the target is about (see Target).
+	Ratio  float64 `json:"ratio"`
+	Target string  `json:"target"`
+	Pass   bool    `json:"pass"`
+	Note   string  `json:"note,omitempty"`
+}
+
+// Report is a run's results and where they were measured.
+type Report struct {
+	Results  []Result  `json:"results"`
+	Machine  string    `json:"machine"`
+	Postgres string    `json:"postgres"`
+	Started  time.Time `json:"started"`
+	Took     string    `json:"took"`
+}
+
+// Run runs every case.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg.Round = cmp.Or(cfg.Round, time.Second)
+	cfg.Rounds = cmp.Or(cfg.Rounds, 5)
+	cfg.LargeTable = cmp.Or(cfg.LargeTable, 1_000_000)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	started := time.Now()
+	srv, err := startServer(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.close()
+	report := &Report{
+		Machine: fmt.Sprintf("%s/%s, %d CPUs, %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version()),
+		Started: started,
+	}
+	report.Postgres, err = srv.version(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cases {
+		cfg.Logger.Info("running", slog.String("case", c.name))
+		results, err := c.run(ctx, srv, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("case %s: %w", c.name, err)
+		}
+		report.Results = append(report.Results, results...)
+	}
+	report.Took = time.Since(started).Round(time.Second).String()
+	return report, nil
+}
+
+// Passed reports whether every figure met its target.
+func (r *Report) Passed() bool {
+	for _, res := range r.Results {
+		if !res.Pass {
+			return false
+		}
+	}
+	return true
+}
+
+// WriteTable prints the report as an aligned table.
+func (r *Report) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "onceflow bench: %s; %s; took %s\n\n", r.Machine, r.Postgres, r.Took)
+	t := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(t, "FIGURE\tONCEFLOW\tFLOOR\tRATIO\tTARGET\tRESULT\tNOTE")
+	for _, res := range r.Results {
+		verdict := "pass"
+		if !res.Pass {
+			verdict = "FAIL"
+		}
+		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", res.Figure, value(res.Onceflow, res.Unit), value(res.Floor, res.Unit),
+			number(res.Ratio), res.Target, verdict, res.Note)
+	}
+	return t.Flush()
+}
+
+// WriteJSON prints the report as JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+func value(v float64, unit string) string {
+	if unit == "" {
+		return number(v)
+	}
+	return strings.TrimSpace(number(v) + " " + unit)
+}
+
+func number(v float64) string {
+	switch {
+	case v == 0:
+		return "0"
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}

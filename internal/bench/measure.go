@@ -1,0 +1,88 @@
+package bench
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// op is one operation; i numbers operations uniquely within a side.
+type op func(ctx context.Context, i int64) error
+
+// throughput runs the two sides in alternation, rounds times, each for d
+// with c workers, and returns operations per second for each.
+func throughput(ctx context.Context, rounds int, d time.Duration, c int, onceflow, floor op) (float64, float64, error) {
+	var (
+		next         atomic.Int64
+		opsO, opsF   int64
+		timeO, timeF time.Duration
+	)
+	for range rounds {
+		for _, side := range []struct {
+			run  op
+			ops  *int64
+			took *time.Duration
+		}{{onceflow, &opsO, &timeO}, {floor, &opsF, &timeF}} {
+			n, took, err := runFor(ctx, d, c, side.run, &next)
+			if err != nil {
+				return 0, 0, err
+			}
+			*side.ops += n
+			*side.took += took
+		}
+	}
+	return float64(opsO) / timeO.Seconds(), float64(opsF) / timeF.Seconds(), nil
+}
+
+// runFor runs fn with c workers for about d and returns the operations done.
+func runFor(ctx context.Context, d time.Duration, c int, fn op, next *atomic.Int64) (int64, time.Duration, error) {
+	var (
+		wg    sync.WaitGroup
+		done  atomic.Int64
+		first error
+		once  sync.Once
+	)
+	started := time.Now()
+	deadline := started.Add(d)
+	for range c {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				if err := fn(ctx, next.Add(1)); err != nil {
+					once.Do(func() { first = err })
+					return
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return done.Load(), time.Since(started), first
+}
+
+// latencies runs fn n times, one after another, and returns each duration.
+func latencies(ctx context.Context, n int, fn op, next *atomic.Int64) ([]time.Duration, error) {
+	out := make([]time.Duration, 0, n)
+	for range n {
+		started := time.Now()
+		if err := fn(ctx, next.Add(1)); err != nil {
+			return nil, err
+		}
+		out = append(out, time.Since(started))
+	}
+	return out, nil
+}
+
+// percentile returns the p-th percentile (0 < p <= 100) of ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	sorted := slices.Clone(ds)
+	slices.Sort(sorted)
+	i := int(float64(len(sorted))*p/100+0.5) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
