@@ -17,18 +17,19 @@ const (
 // as it now is, how it was reached, and the database clock.
 //
 //   - existing reads the row as of the statement's snapshot.
-//   - inserted creates the record when the snapshot has none. If a
-//     concurrent claim inserted it meanwhile, ON CONFLICT waits for that
-//     transaction and takes over only if the committed row allows it.
-//   - taken takes over an expired lease with the same fingerprint and
-//     workflow. The WHERE
-//     clause is re-checked against the latest row version, so of two
-//     concurrent takeovers only one matches.
+//   - inserted tries the write only when the snapshot has no row, or has one
+//     that may be taken over (in flight, lease expired, same fingerprint and
+//     workflow). It inserts a new record, or on conflict takes the record
+//     over: ON CONFLICT waits for a concurrent claim's transaction and
+//     re-checks the takeover condition against the latest row version, so of
+//     two concurrent takeovers only one matches.
 //
-// A completed record makes neither write, so a replay writes nothing. The
-// statement returns no row only when a concurrent first claim committed
-// after the snapshot was taken and holds a valid lease; Claim then runs it
-// again, and the new snapshot sees that row.
+// A completed record, or one held by a valid lease, makes no write, so a
+// replay writes nothing. The statement has a single write so that PostgreSQL
+// sets up one modification per claim: the claim is on every request's path.
+// It returns no row only when a concurrent first claim committed after the
+// snapshot was taken and holds a valid lease; Claim then runs it again, and
+// the new snapshot sees that row.
 //
 // Parameters: $1 tenant, $2 key, $3 new id, $4 workflow, $5 fingerprint,
 // $6 request, $7 new owner, $8 lease in microseconds, $9 the error recorded
@@ -41,24 +42,19 @@ inserted AS (
     INSERT INTO {keys} AS k (tenant_id, key, id, workflow, request_hash, request, owner, locked_until)
     SELECT $1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid,
            clock_timestamp() + $8::bigint * interval '1 microsecond'
-    WHERE NOT EXISTS (SELECT 1 FROM existing)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM existing e
+        WHERE NOT (e.status = 'in_flight' AND e.locked_until < clock_timestamp()
+                   AND e.request_hash = $5 AND e.workflow = $4))
     ON CONFLICT (tenant_id, key) DO UPDATE SET ` + claimTakeoverSet + `
     WHERE k.status = 'in_flight' AND k.locked_until < clock_timestamp()
       AND k.request_hash = EXCLUDED.request_hash AND k.workflow = EXCLUDED.workflow
     RETURNING ` + recordColumns + `
-),
-taken AS (
-    UPDATE {keys} AS k SET ` + claimTakeoverSet + `
-    WHERE k.tenant_id = $1 AND k.key = $2 AND k.status = 'in_flight'
-      AND k.locked_until < clock_timestamp() AND k.request_hash = $5 AND k.workflow = $4
-    RETURNING ` + recordColumns + `
 )
 SELECT ` + recordColumns + `, CASE WHEN id = $3 THEN 1 ELSE 2 END, clock_timestamp() FROM inserted
 UNION ALL
-SELECT ` + recordColumns + `, 2, clock_timestamp() FROM taken
-UNION ALL
 SELECT ` + recordColumns + `, 3, clock_timestamp() FROM existing
-WHERE NOT EXISTS (SELECT 1 FROM inserted) AND NOT EXISTS (SELECT 1 FROM taken)`
+WHERE NOT EXISTS (SELECT 1 FROM inserted)`
 
 // takeoverSet mints the new owner ({owner}) and lease ({lease}, in
 // microseconds). A lease that ran out without being released ('-infinity')
