@@ -2,11 +2,13 @@ package migrations_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -207,3 +209,50 @@ func TestLoadRejectsBrokenSets(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, loaded, 1)
 }
+
+// TestKeyRecordRulesHoldInSQL writes records past onceflow's Go checks and
+// expects the database to refuse each broken one: the input lengths, the
+// status values, and a lease exactly while in flight.
+func TestKeyRecordRulesHoldInSQL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.NewPool(t, 4)
+	const insert = `INSERT INTO onceflow_keys (tenant_id, key, id, workflow, request_hash, owner, status,
+		locked_until, response_status, completed_at)
+	VALUES ($1, $2, gen_random_uuid(), $7, sha256('x'), gen_random_uuid(), $3, $4, $5, $6)`
+	future := "infinity"
+	cases := []struct {
+		name                string
+		tenant, key, status string
+		lockedUntil         *string
+		responseStatus      *int
+		completedAt         *string
+		emptyWorkflow       bool
+		valid               bool
+	}{
+		{name: "in flight", tenant: "t", key: "ok", status: "in_flight", lockedUntil: &future, valid: true},
+		{name: "completed", tenant: "t", key: "done", status: "completed", responseStatus: ptr(200), completedAt: ptr("now"), valid: true},
+		{name: "empty tenant", tenant: "", key: "k1", status: "in_flight", lockedUntil: &future},
+		{name: "key over 255 bytes", tenant: "t", key: strings.Repeat("k", 256), status: "in_flight", lockedUntil: &future},
+		{name: "unknown status", tenant: "t", key: "k2", status: "paused", lockedUntil: &future},
+		{name: "in flight without a lease", tenant: "t", key: "k3", status: "in_flight"},
+		{name: "workflow empty", tenant: "t", key: "k9", status: "in_flight", lockedUntil: &future, emptyWorkflow: true},
+		{name: "completed with a lease", tenant: "t", key: "k5", status: "completed", lockedUntil: &future, responseStatus: ptr(200), completedAt: ptr("now")},
+	}
+	for _, c := range cases {
+		workflow := "wf"
+		if c.emptyWorkflow {
+			workflow = ""
+		}
+		_, err := db.Exec(ctx, insert, c.tenant, c.key, c.status, c.lockedUntil, c.responseStatus, c.completedAt, workflow)
+		if c.valid {
+			require.NoError(t, err, c.name)
+			continue
+		}
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, c.name)
+		require.Equal(t, "23514", pgErr.Code, "%s: want a check violation, got %v", c.name, err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -13,7 +13,7 @@ import (
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
-func benchPool(b *testing.B) *pgxpool.Pool {
+func benchPool(b testing.TB) *pgxpool.Pool {
 	b.Helper()
 	db := dbtest.NewPool(b, 8)
 	if _, err := db.Exec(context.Background(), ordersTable); err != nil {
