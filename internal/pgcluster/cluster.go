@@ -1,7 +1,6 @@
 package pgcluster
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -16,14 +15,11 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // StartTimeoutDefault bounds how long Start waits for a new server to accept
@@ -59,16 +55,18 @@ var defaultSettings = map[string]string{
 	"idle_in_transaction_session_timeout": "0",
 }
 
-// Cluster is a running throwaway PostgreSQL server.
+// Cluster is a throwaway PostgreSQL server: running from Start, halted
+// between Halt and Resume, gone after Stop.
 type Cluster struct {
 	url    string
 	dir    string
-	cmd    *exec.Cmd
-	exited chan struct{}
 	logger *slog.Logger
+	launch launchParams // how to start the server again on Resume
 
-	stopOnce sync.Once
-	stopErr  error
+	mu      sync.Mutex
+	server  *server // nil while halted or stopped
+	stopped bool
+	stopErr error
 }
 
 // Dir is the cluster's private directory: its data directory, Unix socket
@@ -80,7 +78,8 @@ func (c *Cluster) Dir() string { return c.dir }
 func (c *Cluster) URL() string { return c.url }
 
 // Start initialises a cluster in a new temporary directory and starts its
-// server on a free loopback port. Call Stop to shut it down and remove it.
+// server on a free loopback port. Call Stop to shut it down and remove it;
+// Halt and Resume take the server down and bring it back in between.
 //
 // The superuser has a random password for TCP connections; the Unix socket
 // in the cluster's private directory needs none. If this process dies
@@ -111,7 +110,14 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	// A free port can be taken between choosing and binding it; try again.
 	for attempt := 0; ; attempt++ {
-		c, err := startServer(ctx, bin, dir, password, cred, opts, logger)
+		port, err := freePort()
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+		c := newCluster(password, launchParams{bin: bin, dir: dir, port: port, cred: cred,
+			settings: mergeSettings(opts.Settings), timeout: cmp.Or(opts.StartTimeout, StartTimeoutDefault)}, logger)
+		c.server, err = startServer(ctx, c.launch, c.url)
 		if err == nil {
 			logger.Info("throwaway PostgreSQL started", slog.String("dir", dir), slog.String("bin", bin))
 			return c, nil
@@ -121,6 +127,18 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		}
 		_ = os.RemoveAll(dir)
 		return nil, err
+	}
+}
+
+func newCluster(password string, launch launchParams, logger *slog.Logger) *Cluster {
+	return &Cluster{
+		url: (&url.URL{
+			Scheme: "postgres", User: url.UserPassword("postgres", password),
+			Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(launch.port)), Path: "/postgres", RawQuery: "sslmode=disable",
+		}).String(),
+		dir:    launch.dir,
+		logger: logger,
+		launch: launch,
 	}
 }
 
@@ -172,111 +190,29 @@ func initCluster(ctx context.Context, bin, dir, password string, cred *syscall.C
 	return nil
 }
 
-var errPortTaken = errors.New("port taken")
-
-func startServer(ctx context.Context, bin, dir, password string, cred *syscall.Credential, opts Options, logger *slog.Logger) (*Cluster, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	args := []string{"-D", filepath.Join(dir, "data"), "-p", strconv.Itoa(port), "-k", dir}
-	for name, value := range mergeSettings(opts.Settings) {
-		args = append(args, "-c", name+"="+value)
-	}
-	logPath := filepath.Join(dir, "server.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("create server log: %w", err)
-	}
-	defer logFile.Close()
-	cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
-	// If this process dies without Stop, the server shuts down at once.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGQUIT}
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.Dir = dir
-	c := &Cluster{
-		url: (&url.URL{
-			Scheme: "postgres", User: url.UserPassword("postgres", password),
-			Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Path: "/postgres", RawQuery: "sslmode=disable",
-		}).String(),
-		dir:    dir,
-		cmd:    cmd,
-		exited: make(chan struct{}),
-		logger: logger,
-	}
-	started := make(chan error, 1)
-	go func() {
-		// The parent-death signal follows the thread that started the
-		// child, so that thread lives exactly as long as the server: a
-		// goroutine that exits while locked takes its thread with it.
-		runtime.LockOSThread()
-		err := cmd.Start()
-		started <- err
-		if err == nil {
-			_ = cmd.Wait()
-			close(c.exited)
-		}
-	}()
-	if err := <-started; err != nil {
-		return nil, fmt.Errorf("start postgres: %w", err)
-	}
-
-	if err := c.waitReady(ctx, cmp.Or(opts.StartTimeout, StartTimeoutDefault)); err != nil {
-		c.kill()
-		log, _ := os.ReadFile(logPath)
-		if bytes.Contains(log, []byte("Address already in use")) {
-			return nil, errPortTaken
-		}
-		return nil, fmt.Errorf("%w; server log: %s", err, lastLines(log, 10))
-	}
-	return c, nil
-}
-
 func mergeSettings(extra map[string]string) map[string]string {
 	merged := maps.Clone(defaultSettings)
 	maps.Copy(merged, extra)
 	return merged
 }
 
-func (c *Cluster) waitReady(ctx context.Context, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	for {
-		connCtx, connCancel := context.WithTimeout(ctx, time.Second)
-		conn, err := pgx.Connect(connCtx, c.url)
-		connCancel()
-		if err == nil {
-			return conn.Close(ctx)
-		}
-		select {
-		case <-c.exited:
-			return errors.New("postgres exited during start")
-		case <-ctx.Done():
-			return fmt.Errorf("postgres did not accept connections within %s: %w", timeout, err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
-// Stop shuts the server down (fast shutdown, then a kill after 10s) and
-// removes the cluster's directory. It is safe to call more than once.
+// Stop shuts the server down, if it runs (fast shutdown, then a kill after
+// 10s), and removes the cluster's directory. It is safe to call more than
+// once, and after Halt.
 func (c *Cluster) Stop() error {
-	c.stopOnce.Do(func() {
-		_ = c.cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-c.exited:
-		case <-time.After(10 * time.Second):
-			c.kill()
-		}
-		c.stopErr = os.RemoveAll(c.dir)
-		c.logger.Info("throwaway PostgreSQL stopped", slog.String("dir", c.dir))
-	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return c.stopErr
+	}
+	c.stopped = true
+	if c.server != nil {
+		c.server.shutdown()
+		c.server = nil
+	}
+	c.stopErr = os.RemoveAll(c.dir)
+	c.logger.Info("throwaway PostgreSQL stopped", slog.String("dir", c.dir))
 	return c.stopErr
-}
-
-func (c *Cluster) kill() {
-	_ = c.cmd.Process.Kill()
-	<-c.exited
 }
 
 func randomHex(n int) string {

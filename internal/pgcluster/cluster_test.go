@@ -43,6 +43,57 @@ func TestStartAndStop(t *testing.T) {
 	require.Error(t, err, "the server is gone")
 }
 
+// TestHaltAndResume: a halted server refuses connections and ends its
+// sessions; resumed, it is the same cluster at the same URL, with every
+// committed row and none of the rolled-back ones.
+func TestHaltAndResume(t *testing.T) {
+	ctx := context.Background()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	require.NoError(t, err)
+	defer c.Stop()
+
+	conn, err := pgx.Connect(ctx, c.URL())
+	require.NoError(t, err)
+	var started time.Time
+	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_postmaster_start_time()`).Scan(&started))
+	_, err = conn.Exec(ctx, `CREATE TABLE kept (v text); INSERT INTO kept VALUES ('committed')`)
+	require.NoError(t, err)
+	open, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = open.Exec(ctx, `INSERT INTO kept VALUES ('uncommitted')`)
+	require.NoError(t, err)
+
+	require.NoError(t, c.Halt())
+	require.NoError(t, c.Halt(), "halting a halted cluster does nothing")
+	_, err = open.Exec(ctx, `SELECT 1`)
+	require.Error(t, err, "the halt ended the session")
+	_, err = pgx.Connect(ctx, c.URL())
+	require.Error(t, err, "a halted server refuses connections")
+	_, err = os.Stat(filepath.Join(c.Dir(), "data", "PG_VERSION"))
+	require.NoError(t, err, "the data directory stays")
+
+	require.NoError(t, c.Resume(ctx))
+	require.NoError(t, c.Resume(ctx), "resuming a running cluster does nothing")
+	conn, err = pgx.Connect(ctx, c.URL())
+	require.NoError(t, err, "the same URL: port and password are kept")
+	defer conn.Close(ctx)
+	var restarted time.Time
+	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_postmaster_start_time()`).Scan(&restarted))
+	require.True(t, restarted.After(started), "a new server process")
+	rows, err := conn.Query(ctx, `SELECT v FROM kept`)
+	require.NoError(t, err)
+	kept, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"committed"}, kept, "committed rows kept, the open transaction rolled back")
+
+	require.NoError(t, c.Halt())
+	require.NoError(t, c.Stop(), "a halted cluster stops")
+	_, err = os.Stat(c.Dir())
+	require.True(t, os.IsNotExist(err), "the cluster's directory is removed")
+	require.ErrorIs(t, c.Resume(ctx), pgcluster.ErrStopped)
+	require.ErrorIs(t, c.Halt(), pgcluster.ErrStopped)
+}
+
 func TestFindBinariesPrefersNewestVersion(t *testing.T) {
 	root := t.TempDir()
 	for _, v := range []string{"9.6", "15", "17", "notaversion"} {
