@@ -183,9 +183,10 @@ func TestDeleteUnstarted(t *testing.T) {
 func TestStoreUsesConfiguredSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true}))
+	// The database's default, not a startup parameter: PgBouncer refuses those.
+	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true,
+		Settings: map[string]string{"search_path": "pg_catalog"}}))
 	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["search_path"] = "pg_catalog"
 	db, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(db.Close)

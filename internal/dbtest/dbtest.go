@@ -9,6 +9,13 @@
 // DATABASE_URL, as a user's program would. Tests never skip for want of a
 // database: without a server, Main fails the run with a message saying how
 // to get one.
+//
+// With ONCEFLOW_TEST_PGBOUNCER=1, Main also starts a PgBouncer in
+// transaction pooling mode (see package pgbouncer) and every URL it hands
+// out, DATABASE_URL included, goes through it, with the pgx settings
+// transaction pooling needs; creating, copying and dropping databases still
+// goes straight to PostgreSQL. DirectURL gives a test the same database
+// without PgBouncer, for what only PostgreSQL itself can answer.
 package dbtest
 
 import (
@@ -23,16 +30,23 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/internal/pgbouncer"
 	"github.com/onceflow/onceflow/internal/pgcluster"
 	"github.com/onceflow/onceflow/migrations"
 )
 
+// PgBouncerEnv names the environment variable that routes the tests
+// through PgBouncer: "1" does, "" and "0" do not.
+const PgBouncerEnv = "ONCEFLOW_TEST_PGBOUNCER"
+
 // server is the process-wide database server the tests use.
 var server struct {
-	adminURL string // a database on the server where CREATE DATABASE runs
-	template string // migrated database every test database copies
+	adminURL string             // a database on the server where CREATE DATABASE runs
+	template string             // migrated database every test database copies
+	bouncer  *pgbouncer.Bouncer // in front of the server when PgBouncerEnv is "1"
 }
 
 // Main runs the tests of m against a real PostgreSQL and exits with their
@@ -66,6 +80,15 @@ func Run(m *testing.M) int {
 	}
 	server.template = template
 	defer dropDatabase(ctx, template)
+	bouncer, err := startBouncer(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dbtest:", err)
+		return 1
+	}
+	if bouncer != nil {
+		defer bouncer.Stop()
+		server.bouncer = bouncer
+	}
 
 	// Runnable examples connect the way a user's program would, through
 	// DATABASE_URL; give them a migrated database of their own.
@@ -75,8 +98,55 @@ func Run(m *testing.M) int {
 		return 1
 	}
 	defer dropDatabase(ctx, example)
-	os.Setenv("DATABASE_URL", databaseURL(server.adminURL, example))
+	os.Setenv("DATABASE_URL", clientURL(example))
 	return m.Run()
+}
+
+// startBouncer starts PgBouncer in front of the server when PgBouncerEnv
+// asks for it, and returns nil when it does not.
+func startBouncer(ctx context.Context) (*pgbouncer.Bouncer, error) {
+	switch v := os.Getenv(PgBouncerEnv); v {
+	case "", "0":
+		return nil, nil
+	case "1":
+	default:
+		return nil, fmt.Errorf("%s=%q: set it to 1 to run the tests through PgBouncer, or to 0 or nothing to connect directly", PgBouncerEnv, v)
+	}
+	b, err := pgbouncer.Start(ctx, pgbouncer.Options{Server: server.adminURL})
+	if err != nil {
+		return nil, fmt.Errorf("%s=1 runs the tests through PgBouncer (unset it to connect directly): %w", PgBouncerEnv, err)
+	}
+	return b, nil
+}
+
+// PgBouncer is the PgBouncer the tests go through, or nil when they
+// connect to PostgreSQL directly.
+func PgBouncer() *pgbouncer.Bouncer { return server.bouncer }
+
+// clientURL returns the URL tests use for database name: through PgBouncer
+// when there is one.
+func clientURL(name string) string {
+	if server.bouncer != nil {
+		return server.bouncer.URL(name)
+	}
+	return databaseURL(server.adminURL, name)
+}
+
+// DirectURL returns a URL for the database that connString (a URL dbtest
+// handed out) names, straight to PostgreSQL, bypassing PgBouncer: for a
+// test that needs one server session throughout, or that looks at the
+// server's own connections (pg_stat_activity, pg_terminate_backend).
+// Without PgBouncer it returns connString itself.
+func DirectURL(t testing.TB, connString string) string {
+	t.Helper()
+	if server.bouncer == nil {
+		return connString
+	}
+	cfg, err := pgconn.ParseConfig(connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return databaseURL(server.adminURL, cfg.Database)
 }
 
 // MinConnections is the max_connections a server must allow: tests race
@@ -138,6 +208,11 @@ type Options struct {
 	// Unmigrated leaves the database empty instead of copying the migrated
 	// template.
 	Unmigrated bool
+
+	// Settings are server settings the database starts every session
+	// with (ALTER DATABASE ... SET): the way to give a test a setting such
+	// as search_path, which PgBouncer refuses as a startup parameter.
+	Settings map[string]string
 }
 
 // NewDatabase creates a database for t alone, dropped when t ends, and
@@ -157,7 +232,13 @@ func NewDatabase(t testing.TB, opts Options) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { dropDatabase(context.Background(), name) })
-	return databaseURL(server.adminURL, name)
+	for setting, value := range opts.Settings {
+		if err := admin(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET "+
+			pgx.Identifier{setting}.Sanitize()+" TO "+quoteLiteral(value)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return clientURL(name)
 }
 
 // NewPool connects to a new migrated database for t, with room for maxConns
@@ -226,6 +307,10 @@ func databaseURL(base, name string) string {
 	}
 	// In keyword/value form the last dbname wins.
 	return base + " dbname=" + name
+}
+
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }
 
 func uniqueName(prefix string) string {

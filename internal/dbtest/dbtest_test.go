@@ -2,8 +2,10 @@ package dbtest
 
 import (
 	"context"
+	"os"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -35,4 +37,47 @@ func TestDatabaseURL(t *testing.T) {
 	require.Equal(t, "postgres://u:xxxxx@h/db", redact("postgres://u:secret@h/db"))
 	require.Equal(t, "postgres:///db?host=/run", redact("postgres:///db?host=/run"))
 	require.Equal(t, "the database server", redact("host=h password=secret"))
+}
+
+// TestPgBouncerRoute: with PgBouncerEnv=1 every URL dbtest hands out goes
+// through PgBouncer (whose admin console sees the test's database) and
+// DirectURL reaches the same database without it; otherwise both are the
+// server's.
+func TestPgBouncerRoute(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := NewDatabase(t, Options{Settings: map[string]string{"application_name": "dbtest_route"}})
+	via := Connect(t, url, 1)
+	direct := Connect(t, DirectURL(t, url), 1)
+	var viaDB, directDB, app string
+	require.NoError(t, via.QueryRow(ctx, `SELECT current_database(), current_setting('application_name')`).Scan(&viaDB, &app))
+	require.NoError(t, direct.QueryRow(ctx, `SELECT current_database()`).Scan(&directDB))
+	require.Equal(t, viaDB, directDB, "the same database either way")
+	require.Equal(t, "dbtest_route", app, "Options.Settings are the database's defaults")
+
+	b := PgBouncer()
+	if os.Getenv(PgBouncerEnv) != "1" {
+		require.Nil(t, b)
+		require.Equal(t, url, DirectURL(t, url))
+		return
+	}
+	require.NotNil(t, b)
+	require.NotEqual(t, url, DirectURL(t, url))
+	admin, err := pgx.Connect(ctx, b.AdminURL())
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	rows, err := admin.Query(ctx, `SHOW CLIENTS`)
+	require.NoError(t, err)
+	seen := false
+	for rows.Next() {
+		values, err := rows.Values()
+		require.NoError(t, err)
+		for i, fd := range rows.FieldDescriptions() {
+			if fd.Name == "database" && values[i] == viaDB {
+				seen = true
+			}
+		}
+	}
+	require.NoError(t, rows.Err())
+	require.True(t, seen, "PgBouncer serves a client of the test's database")
 }
