@@ -252,7 +252,7 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 	// While the claim is uncommitted in the transaction, the row is locked
 	// by this attempt and no takeover is possible: no heartbeat is needed.
 	stepCtx, stop := a.heartbeat(ctx, step.Name(), !a.claimOpen)
-	started := time.Now()
+	started := a.e.now()
 	err := step.RunAtomic(stepCtx, a.tx, &a.run)
 	a.e.observeStep(a.w.name, step.Name(), started, err)
 	if lost := stop(); lost != nil {
@@ -287,7 +287,7 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 // committed with the next atomic phase, or right away when none follows.
 func (a *attempt[Req, State]) foreign(ctx context.Context, step phase.Step[Req, State]) (*Result, error) {
 	stepCtx, stop := a.heartbeat(ctx, step.Name(), true)
-	started := time.Now()
+	started := a.e.now()
 	err := step.RunForeign(stepCtx, &a.run)
 	a.e.observeStep(a.w.name, step.Name(), started, err)
 	if lost := stop(); lost != nil {

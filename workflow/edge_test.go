@@ -73,24 +73,49 @@ func TestHeartbeatDoesNotDeadlockAFullPool(t *testing.T) {
 	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{}))
 	require.NoError(t, err)
 	cfg.MaxConns = 1
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
-	t.Cleanup(db.Close)
-	const lease = 60 * time.Millisecond
+	t.Cleanup(pool.Close)
+	db := &renewalsSent{Pool: pool, sent: make(chan struct{}, 1)}
 	wf := workflow.Define("slow_phases",
 		foreignStep("first", func() error { return nil }),
 		atomicStep("long", func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error {
-			time.Sleep(2 * lease) // the step's work; heartbeats come due meanwhile
-			return nil
+			// The step holds the pool's only connection until a renewal
+			// comes due and waits for it.
+			select {
+			case <-db.sent:
+				return nil
+			case <-time.After(30 * time.Second):
+				return errors.New("no renewal was sent")
+			}
 		}),
 	)
-	e, err := workflow.NewEngine(db, workflow.Config{Lease: lease})
+	// A lease long enough that the renewal's wait, not its loss, is what
+	// the step ends with.
+	e, err := workflow.NewEngine(db, workflow.Config{Lease: 3 * time.Second})
 	require.NoError(t, err)
 	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	res, err := e.Run(runCtx, acme, wf, order)
 	require.NoError(t, err)
 	require.Equal(t, 200, res.Response.Status)
+}
+
+// renewalsSent signals each lease renewal the engine sends, before the
+// renewal waits for a connection.
+type renewalsSent struct {
+	*pgxpool.Pool
+	sent chan struct{}
+}
+
+func (r *renewalsSent) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if strings.Contains(sql, "RETURNING locked_until") {
+		select {
+		case r.sent <- struct{}{}:
+		default:
+		}
+	}
+	return r.Pool.QueryRow(ctx, sql, args...)
 }
 
 // TestCancelledCallerNeverFailsTheKey: a caller going away is not the
@@ -162,9 +187,10 @@ func TestPanicOutsideStepFunctionsRollsBack(t *testing.T) {
 func TestServerDefaultIsolationDoesNotMatter(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{}))
+	// The database's default, not a startup parameter: PgBouncer refuses those.
+	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{
+		Settings: map[string]string{"default_transaction_isolation": "repeatable read"}}))
 	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
 	db, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(db.Close)

@@ -68,6 +68,16 @@ type Config struct {
 	// Observer, if set, is told of claims, step durations and lost leases,
 	// for metrics.
 	Observer Observer
+
+	// Clock reads the local time. nil means time.Now. The engine reads it
+	// only for the step durations it tells the Observer: a lease is decided
+	// by the database clock (who holds a key, until when, whether it may be
+	// taken over, how long a duplicate should wait), and the heartbeat
+	// measures "a whole lease without a renewal" with the runtime's
+	// monotonic timers. A clock that is off, or jumps, therefore changes no
+	// claim, takeover, renewal or cancellation. Tests set it to skew the
+	// process's clock.
+	Clock func() time.Time
 }
 
 // Engine runs workflows under idempotency keys. It is safe for concurrent
@@ -80,6 +90,7 @@ type Engine struct {
 	logger      *slog.Logger
 	hooks       Hooks
 	observer    Observer
+	now         func() time.Time
 
 	mu        sync.RWMutex
 	workflows map[string]Definition
@@ -123,7 +134,11 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 		maxAttempts: cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault),
 		logger:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		observer:    cfg.Observer,
+		now:         cfg.Clock,
 		workflows:   map[string]Definition{},
+	}
+	if e.now == nil {
+		e.now = time.Now
 	}
 	if cfg.Hooks != nil {
 		e.hooks = *cfg.Hooks

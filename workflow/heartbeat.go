@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,21 +17,36 @@ import (
 // ended and another attempt may be running the same step). stop ends the
 // heartbeat, waits for it, and returns the lease's loss, if any, marked as
 // the engine's own finding. Disabled, it only wraps ctx.
+//
+// "A whole lease" is measured by runtime timers, on the monotonic clock,
+// never by Config.Clock: a clock that jumps back must not keep a step
+// running after its lease ended. The timer of each renewal starts before
+// the renewal is sent (the database starts the new lease later), and it
+// fires even while a renewal hangs, so the step may be cancelled a little
+// early, never late.
 func (a *attempt[Req, State]) heartbeat(ctx context.Context, step string, enabled bool) (context.Context, func() error) {
 	stepCtx, cancel := context.WithCancelCause(ctx)
 	if !enabled {
 		return stepCtx, func() error { cancel(nil); return nil }
 	}
-	var (
-		done = make(chan struct{})
-		wg   sync.WaitGroup
-		lost error // set by the heartbeat goroutine, read after it ends
-	)
+	var lastErr atomic.Pointer[error] // the last failed renewal's error
+	expire := func() {
+		err := fmt.Errorf("%w: no renewal succeeded for a whole lease (%s)", ErrLeaseLost, a.e.lease)
+		if last := lastErr.Load(); last != nil {
+			err = fmt.Errorf("%w: %w", err, *last)
+		}
+		cancel(&lostLease{err})
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
 	fence := a.rec.Fence()
 	wg.Go(func() {
+		// The lease was last extended by the claim or commit that preceded
+		// the step.
+		deadline := time.AfterFunc(a.e.lease, expire)
+		defer func() { deadline.Stop() }()
 		ticker := time.NewTicker(a.e.lease / 3)
 		defer ticker.Stop()
-		renewed := time.Now() // the claim or commit that preceded the step
 		for {
 			select {
 			case <-done:
@@ -39,27 +55,26 @@ func (a *attempt[Req, State]) heartbeat(ctx context.Context, step string, enable
 				return
 			case <-ticker.C:
 			}
+			next := time.AfterFunc(a.e.lease, expire) // the end of the lease this renewal asks for, at the latest
 			until, err := a.e.store.Renew(stepCtx, fence, 0)
 			if a.e.hooks.LeaseRenewed != nil {
 				a.e.hooks.LeaseRenewed(a.key, step, until, err)
 			}
-			switch {
-			case err == nil:
-				renewed = time.Now()
-			case errors.Is(err, ErrLeaseLost):
-				lost = &lostLease{err}
-			case stepCtx.Err() != nil:
-				return
-			case time.Since(renewed) >= a.e.lease:
-				lost = &lostLease{fmt.Errorf("%w: no renewal succeeded for a whole lease (%s): %w", ErrLeaseLost, a.e.lease, err)}
-			default:
-				a.e.logger.WarnContext(ctx, "could not renew the lease; will try again", a.logAttrs(step, slog.Any("error", err))...)
+			if err == nil {
+				deadline.Stop()
+				deadline = next
 				continue
 			}
-			if lost != nil {
-				cancel(lost)
+			next.Stop()
+			switch {
+			case errors.Is(err, ErrLeaseLost):
+				cancel(&lostLease{err})
+				return
+			case stepCtx.Err() != nil:
 				return
 			}
+			lastErr.Store(&err)
+			a.e.logger.WarnContext(ctx, "could not renew the lease; will try again", a.logAttrs(step, slog.Any("error", err))...)
 		}
 	})
 	return stepCtx, func() error {
@@ -68,6 +83,10 @@ func (a *attempt[Req, State]) heartbeat(ctx context.Context, step string, enable
 		close(done)
 		cancel(nil)
 		wg.Wait()
-		return lost
+		var lost *lostLease
+		if errors.As(context.Cause(stepCtx), &lost) {
+			return lost
+		}
+		return nil
 	}
 }

@@ -53,7 +53,7 @@ func (e *Engine) observeClaim(workflow string, outcome recovery.Outcome, err err
 
 func (e *Engine) observeStep(workflow, step string, started time.Time, err error) {
 	if e.observer != nil {
-		e.observer.StepFinished(workflow, step, time.Since(started), err)
+		e.observer.StepFinished(workflow, step, e.now().Sub(started), err)
 	}
 }
 
