@@ -88,7 +88,11 @@ func newCore(cfg Config) (*core, error) {
 	return c, nil
 }
 
-// routeOf names a request by its method and matched ServeMux pattern.
+// routeOf names a request by its method and matched ServeMux pattern, or
+// its path where no pattern matched. The name is stored with the key, so it
+// keeps to the input rules: a path that would break them (too long, or
+// holding %00 or %FF) is named by its escaped form, cut to MaxKeyLength.
+// The fingerprint covers the whole path either way.
 func routeOf(r *http.Request) string {
 	route := r.URL.Path
 	if r.Pattern != "" {
@@ -97,7 +101,12 @@ func routeOf(r *http.Request) string {
 	if _, path, found := cutMethod(route); found {
 		route = path // the pattern already names the method
 	}
-	return r.Method + " " + route
+	name := r.Method + " " + route
+	if recovery.CheckName("operation", name) != nil {
+		name = r.Method + " " + r.URL.EscapedPath()
+		name = name[:min(len(name), recovery.MaxKeyLength)]
+	}
+	return name
 }
 
 func cutMethod(pattern string) (method, path string, found bool) {

@@ -33,7 +33,7 @@ func parseKey(r *http.Request) (string, error) {
 	if len(values) > 1 {
 		return "", errors.New("more than one Idempotency-Key header")
 	}
-	raw := strings.TrimSpace(values[0])
+	raw := trimOWS(values[0])
 	if strings.HasPrefix(raw, `"`) {
 		return parseString(raw)
 	}
@@ -73,10 +73,16 @@ func parseString(raw string) (string, error) {
 	return "", errors.New("the quoted Idempotency-Key has no closing quote")
 }
 
-// TenantFromHeader returns a tenant function that reads the named header.
+// TenantFromHeader returns a tenant function that reads the named header,
+// without the spaces and tabs around its value.
 func TenantFromHeader(name string) func(*http.Request) string {
-	return func(r *http.Request) string { return strings.TrimSpace(r.Header.Get(name)) }
+	return func(r *http.Request) string { return trimOWS(r.Header.Get(name)) }
 }
+
+// trimOWS cuts the spaces and tabs around a header value (RFC 9110, section
+// 5.5), and nothing else: other white space is part of the value, and the
+// input rules refuse it.
+func trimOWS(value string) string { return strings.Trim(value, " \t") }
 
 // key builds the record key from the request, or the problem to answer.
 func (h *core) key(r *http.Request) (recovery.Key, *problem) {
@@ -87,16 +93,18 @@ func (h *core) key(r *http.Request) (recovery.Key, *problem) {
 	if err != nil {
 		return recovery.Key{}, &problem{status: http.StatusBadRequest, detail: err.Error()}
 	}
+	// The key is held to its rules before the tenant is asked for: a bad key
+	// is 400 with or without a tenant.
+	var input *recovery.InputError
+	if err := recovery.CheckName("key", id); errors.As(err, &input) {
+		return recovery.Key{}, &problem{status: http.StatusBadRequest, detail: "Idempotency-Key " + input.Problem}
+	}
 	tenant := h.tenant(r)
 	if tenant == "" {
 		return recovery.Key{}, &problem{status: http.StatusUnauthorized, detail: "no tenant: the request does not say whose it is"}
 	}
 	key := recovery.Key{Tenant: tenant, ID: id}
 	if err := key.Validate(); err != nil {
-		var input *recovery.InputError
-		if errors.As(err, &input) && input.Field == "key" {
-			return recovery.Key{}, &problem{status: http.StatusBadRequest, detail: "Idempotency-Key " + input.Problem}
-		}
 		return recovery.Key{}, &problem{status: http.StatusBadRequest, detail: err.Error()}
 	}
 	return key, nil
