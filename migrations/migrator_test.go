@@ -127,11 +127,11 @@ func TestConcurrentMigrators(t *testing.T) {
 func TestSchemaIsQualifiedExplicitly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true})
+	// A search_path that finds nothing: only explicit qualification works.
+	// The database's default, not a startup parameter: PgBouncer refuses those.
+	url := dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true, Settings: map[string]string{"search_path": "pg_catalog"}})
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
-	// A search_path that finds nothing: only explicit qualification works.
-	cfg.ConnConfig.RuntimeParams["search_path"] = "pg_catalog"
 	db, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(db.Close)

@@ -51,6 +51,10 @@ const PoolSizeDefault = 20
 // maxClients is PgBouncer's max_client_conn: tests open many pools.
 const maxClients = 2000
 
+// queryWaitTimeout is PgBouncer's query_wait_timeout: how long a client
+// waits for a server connection before PgBouncer fails its query.
+const queryWaitTimeout = 15 * time.Second
+
 // Options configures a throwaway PgBouncer.
 type Options struct {
 	// Server is the PostgreSQL server to pool, as a connection string (URL
@@ -253,7 +257,11 @@ default_pool_size = %d
 max_client_conn = %d
 server_round_robin = 1
 server_login_retry = 1
-`, srv.host, srv.port, b.port, authFile, srv.user, poolSize, maxClients)
+query_wait_timeout = %d
+`, srv.host, srv.port, b.port, authFile, srv.user, poolSize, maxClients, int(queryWaitTimeout/time.Second))
+	// query_wait_timeout bounds how long a client waits for a server
+	// connection: with the database down, PgBouncer's default (two
+	// minutes) holds every request that long before it fails.
 	// server_round_robin hands a client's next transaction the server
 	// connection idle longest, so that state a transaction left behind on
 	// its server connection is rarely there for the next one.
