@@ -2,9 +2,11 @@ package recovery
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -46,7 +48,8 @@ type ClaimParams struct {
 	// Fingerprint identifies the request (FingerprintJSON, FingerprintBytes).
 	Fingerprint Fingerprint
 	// Request is stored with a new record so the work can resume without
-	// the client. It must be JSON; nil stores nothing.
+	// the client. It must be JSON in UTF-8 (an *InputError says when it is
+	// not); nil or empty stores nothing.
 	Request []byte
 	// Lease is how long the claim holds the key. 0 means the Store's lease
 	// (Config.Lease).
@@ -94,12 +97,28 @@ func (s *Store) claimArgs(p ClaimParams) ([]any, error) {
 	if err := checkName("workflow", p.Workflow); err != nil {
 		return nil, err
 	}
+	request, err := checkRequest(p.Request)
+	if err != nil {
+		return nil, err
+	}
 	lease, err := leaseMicros(p.Lease, s.Lease())
 	if err != nil {
 		return nil, err
 	}
-	return []any{p.Key.Tenant, p.Key.ID, uuid.New(), p.Workflow, p.Fingerprint[:], p.Request, uuid.New(),
+	return []any{p.Key.Tenant, p.Key.ID, uuid.New(), p.Workflow, p.Fingerprint[:], request, uuid.New(),
 		lease, abandonedError}, nil
+}
+
+// checkRequest returns the request to store: nil for none, else JSON in
+// valid UTF-8, which is what the json column accepts.
+func checkRequest(request []byte) ([]byte, error) {
+	if len(request) == 0 {
+		return nil, nil
+	}
+	if !utf8.Valid(request) || !json.Valid(request) {
+		return nil, &InputError{Field: "request", Problem: "is not JSON in valid UTF-8"}
+	}
+	return request, nil
 }
 
 // claimFrom decides the claim from row, the claim statement's result when

@@ -367,6 +367,14 @@ func TestInputRules(t *testing.T) {
 	p.Lease = time.Microsecond
 	_, _, err = b.store.Claim(b.ctx, p)
 	require.ErrorIs(t, err, recovery.ErrInvalidInput)
+	for _, request := range []string{"not json", `{"a":"\xff"}`, "{\"a\":\"\xff\"}", "{\"a\":\"\x00\"}", `{"a":1`} {
+		p = params(t, recovery.Key{Tenant: "t", ID: "k"}, `{}`)
+		p.Request = []byte(request)
+		_, _, err = b.store.Claim(b.ctx, p)
+		var inputErr *recovery.InputError
+		require.ErrorAs(t, err, &inputErr, "request %q", request)
+		require.Equal(t, "request", inputErr.Field, "request %q", request)
+	}
 
 	require.Zero(t, b.count(t), "nothing is written for rejected input")
 }

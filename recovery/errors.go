@@ -50,8 +50,8 @@ func (e *InFlightError) Is(target error) bool { return target == ErrInFlight }
 // InputError names the field that breaks the input rules and what is wrong
 // with it.
 type InputError struct {
-	Field   string // "tenant", "key", "workflow", ...
-	Problem string // e.g. "is longer than 255 bytes (300)"
+	Field   string // "tenant", "key", "workflow", "request", ...
+	Problem string // e.g. "is 300 bytes, longer than 255"
 }
 
 // Error names the field and the problem.
