@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,11 +34,29 @@ func startServe(ctx context.Context, exe string, args ...string) (*serveProcess,
 		return nil, err
 	}
 	p.cmd.Stderr = &lockedWriter{mu: &p.mu, w: &p.stderr}
-	if err := p.cmd.Start(); err != nil {
+	started := make(chan error, 1)
+	read := make(chan struct{})
+	go func() {
+		// Linux sends the parent-death signal when the thread that started
+		// the child exits, not the process, and the Go runtime ends a
+		// thread whenever a goroutine locked to it exits (as the throwaway
+		// PostgreSQL's does when it stops). So the child is started from a
+		// goroutine that keeps its thread until the child has exited; else
+		// another part of this process could take the child down with it.
+		runtime.LockOSThread()
+		err := p.cmd.Start()
+		started <- err
+		if err != nil {
+			return
+		}
+		<-read // Wait closes the pipe: read it to the end first
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	if err := <-started; err != nil {
 		return nil, err
 	}
 	urls := make(chan string, 1)
-	read := make(chan struct{})
 	go func() {
 		defer close(read)
 		lines := bufio.NewScanner(stdout)
@@ -46,11 +65,6 @@ func startServe(ctx context.Context, exe string, args ...string) (*serveProcess,
 				urls <- url
 			}
 		}
-	}()
-	go func() {
-		<-read // Wait closes the pipe: read it to the end first
-		p.err = p.cmd.Wait()
-		close(p.done)
 	}()
 	select {
 	case p.URL = <-urls:
