@@ -330,6 +330,11 @@ func mustPool(t *testing.T, e *env) recovery.DBTX {
 func TestStorageUnreachableFailsClosed(t *testing.T) {
 	e := newEnv(t)
 	app := e.serve()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("checkout serve log:\n%s", app.Stderr())
+		}
+	})
 	setConnections(t, e, false) // the database becomes unreachable
 	t.Cleanup(func() { setConnections(t, e, true) })
 

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/internal/faults"
 	"github.com/onceflow/onceflow/internal/pgcluster"
 )
@@ -62,7 +63,9 @@ func TestConnectionLossUnderLoad(t *testing.T) {
 		starts[i] = rnd.Duration(0, window*3/4) // every key starts while the faults go on
 	}
 
-	killer := dbfaultConnect(t, e.dbURL)
+	// Straight to PostgreSQL, past any PgBouncer: the killer must keep one
+	// server session of its own, or it could end the one it runs on.
+	killer := dbfaultConnect(t, dbtest.DirectURL(t, e.dbURL))
 	var (
 		stats   dbfaultStats
 		clients sync.WaitGroup

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/internal/faults"
 	"github.com/onceflow/onceflow/recovery"
 )
@@ -322,7 +323,9 @@ func killUntil(t *testing.T, ctx context.Context, ended <-chan struct{}, cond fu
 
 func killConnect(t *testing.T, e *env) *pgx.Conn {
 	t.Helper()
-	conn, err := pgx.Connect(e.ctx, e.dbURL)
+	// Straight to PostgreSQL, past any PgBouncer: killSettle tells its own
+	// server session from the others.
+	conn, err := pgx.Connect(e.ctx, dbtest.DirectURL(t, e.dbURL))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	return conn
