@@ -426,7 +426,7 @@ func dbfaultAlive(t *testing.T, p *serveProcess) {
 	t.Helper()
 	select {
 	case <-p.done:
-		t.Fatalf("checkout serve exited (%v): %s", p.err, p.Stderr())
+		t.Fatalf("checkout serve exited (%v): %s", p.proc.Err(), p.Stderr())
 	default:
 	}
 }

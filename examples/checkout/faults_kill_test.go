@@ -584,7 +584,7 @@ func killPausedOwner(t *testing.T, endByHand bool) {
 		lease = "30s"
 	}
 	paused := e.serve("--provider-url", proxy.url, "--lease", lease, "--sweep-every", "1h")
-	t.Cleanup(func() { _ = paused.cmd.Process.Signal(syscall.SIGCONT) }) // before it is stopped
+	t.Cleanup(func() { _ = paused.proc.Signal(syscall.SIGCONT) }) // before it is stopped
 	// The second server's lease outlasts the test: it renews nothing while
 	// the rows are compared.
 	next := e.serve("--provider-url", proxy.url, "--lease", "5m", "--sweep-every", "1h")
@@ -599,9 +599,9 @@ func killPausedOwner(t *testing.T, endByHand bool) {
 
 	first := killPostAsync(ctx, client, paused.URL, key)
 	killAwait(t, ctx, frozen.arrived, first, "the first server asks for the charge")
-	require.NoError(t, paused.cmd.Process.Signal(syscall.SIGSTOP))
+	require.NoError(t, paused.proc.Signal(syscall.SIGSTOP))
 	stoppedAt := time.Now()
-	killPoll(t, time.Minute, 5*time.Millisecond, "the server is stopped", func() bool { return killStopped(t, paused.cmd.Process.Pid) })
+	killPoll(t, time.Minute, 5*time.Millisecond, "the server is stopped", func() bool { return killStopped(t, paused.proc.Pid()) })
 	frozen.release() // the provider charges; the answer waits in the stopped server's socket
 	killAwait(t, ctx, frozen.answered, nil, "the provider answers the charge")
 	charges := e.charges()
@@ -631,7 +631,7 @@ func killPausedOwner(t *testing.T, endByHand bool) {
 	before := killSnapshot(t, conn)
 
 	// The stopped server wakes while the key's new owner is mid-checkout.
-	require.NoError(t, paused.cmd.Process.Signal(syscall.SIGCONT))
+	require.NoError(t, paused.proc.Signal(syscall.SIGCONT))
 	frozenFor := time.Since(stoppedAt)
 	woke := killAwaitAnswer(t, ctx, first, "the woken server answers its client")
 	require.Equal(t, http.StatusConflict, woke.status, "the woken attempt lost the key: %s", woke.body)

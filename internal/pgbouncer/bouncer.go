@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,15 +13,15 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/internal/child"
 )
 
 // QueryExecMode is the pgx default_query_exec_mode that URL sets.
@@ -82,8 +80,7 @@ type Bouncer struct {
 	user     string
 	password string
 	port     int
-	cmd      *exec.Cmd
-	exited   chan struct{}
+	proc     *child.Process
 	logger   *slog.Logger
 
 	stopOnce sync.Once
@@ -150,7 +147,7 @@ func parseServer(connString string) (target, error) {
 	}
 	t := target{host: cfg.Host, port: cfg.Port, user: cfg.User, password: cfg.Password}
 	if t.password == "" {
-		t.password = randomHex(24) // clients still need one to reach the bouncer
+		t.password = child.RandomHex(24) // clients still need one to reach the bouncer
 	}
 	for _, v := range []string{t.host, t.user} {
 		if v == "" || strings.ContainsAny(v, " \t\r\n'\"\\;") {
@@ -187,11 +184,11 @@ func credential() (*syscall.Credential, error) {
 var errPortTaken = errors.New("port taken")
 
 func start(ctx context.Context, bin, dir string, srv target, cred *syscall.Credential, opts Options, logger *slog.Logger) (*Bouncer, error) {
-	port, err := freePort()
+	port, err := child.FreePort()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("pgbouncer: %w", err)
 	}
-	b := &Bouncer{dir: dir, user: srv.user, password: srv.password, port: port, exited: make(chan struct{}), logger: logger}
+	b := &Bouncer{dir: dir, user: srv.user, password: srv.password, port: port, logger: logger}
 	configPath, err := b.writeFiles(srv, cmp.Or(opts.PoolSize, PoolSizeDefault), cred)
 	if err != nil {
 		return nil, err
@@ -202,36 +199,23 @@ func start(ctx context.Context, bin, dir string, srv target, cred *syscall.Crede
 		return nil, fmt.Errorf("pgbouncer: create log: %w", err)
 	}
 	defer logFile.Close()
-	b.cmd = exec.Command(bin, configPath)
+	cmd := exec.Command(bin, configPath)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Dir = dir
 	// If this process dies without Stop, PgBouncer shuts down at once.
-	b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGTERM}
-	b.cmd.Stdout, b.cmd.Stderr = logFile, logFile
-	b.cmd.Dir = dir
-	started := make(chan error, 1)
-	go func() {
-		// The parent-death signal follows the thread that started the
-		// child, so that thread lives exactly as long as PgBouncer: a
-		// goroutine that exits while locked takes its thread with it.
-		runtime.LockOSThread()
-		err := b.cmd.Start()
-		started <- err
-		if err == nil {
-			_ = b.cmd.Wait()
-			close(b.exited)
-		}
-	}()
-	if err := <-started; err != nil {
-		return nil, fmt.Errorf("pgbouncer: start: %w", err)
+	if b.proc, err = child.Start(cmd, syscall.SIGTERM); err != nil {
+		return nil, fmt.Errorf("pgbouncer: %w", err)
 	}
-	_ = os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(b.cmd.Process.Pid)), 0o644)
+	_ = os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(b.proc.Pid())), 0o644)
 
-	if err := b.waitReady(ctx, cmp.Or(opts.StartTimeout, StartTimeoutDefault)); err != nil {
-		b.kill()
+	if err := child.WaitConnect(ctx, b.proc, b.AdminURL(), cmp.Or(opts.StartTimeout, StartTimeoutDefault)); err != nil {
+		b.proc.Kill()
 		log, _ := os.ReadFile(logPath)
 		if bytes.Contains(log, []byte("Address already in use")) {
 			return nil, errPortTaken
 		}
-		return nil, fmt.Errorf("%w; pgbouncer log: %s", err, lastLines(log, 10))
+		return nil, fmt.Errorf("pgbouncer %w; pgbouncer log: %s", err, child.LastLines(log, 10))
 	}
 	return b, nil
 }
@@ -285,26 +269,6 @@ query_wait_timeout = %d
 // quote writes s as a string of PgBouncer's auth_file.
 func quote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
-func (b *Bouncer) waitReady(ctx context.Context, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	for {
-		connCtx, connCancel := context.WithTimeout(ctx, time.Second)
-		conn, err := pgx.Connect(connCtx, b.AdminURL())
-		connCancel()
-		if err == nil {
-			return conn.Close(ctx)
-		}
-		select {
-		case <-b.exited:
-			return errors.New("pgbouncer exited during start")
-		case <-ctx.Done():
-			return fmt.Errorf("pgbouncer did not accept connections within %s: %w", timeout, err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
 // URL is a connection string for database through the bouncer, with the
 // pgx setting transaction pooling needs (QueryExecMode).
 func (b *Bouncer) URL(database string) string {
@@ -334,42 +298,9 @@ func (b *Bouncer) Dir() string { return b.dir }
 // removes its directory. It is safe to call more than once.
 func (b *Bouncer) Stop() error {
 	b.stopOnce.Do(func() {
-		_ = b.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-b.exited:
-		case <-time.After(10 * time.Second):
-			b.kill()
-		}
+		b.proc.Stop(syscall.SIGTERM, 10*time.Second)
 		b.stopErr = os.RemoveAll(b.dir)
 		b.logger.Info("throwaway PgBouncer stopped", slog.String("dir", b.dir))
 	})
 	return b.stopErr
-}
-
-func (b *Bouncer) kill() {
-	_ = b.cmd.Process.Kill()
-	<-b.exited
-}
-
-func randomHex(n int) string {
-	buf := make([]byte, n)
-	_, _ = rand.Read(buf)
-	return hex.EncodeToString(buf)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pgbouncer: find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func lastLines(out []byte, n int) string {
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, " | ")
 }

@@ -3,8 +3,6 @@ package pgcluster
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,10 +14,11 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/child"
 )
 
 // StartTimeoutDefault bounds how long Start waits for a new server to accept
@@ -64,7 +63,7 @@ type Cluster struct {
 	launch launchParams // how to start the server again on Resume
 
 	mu      sync.Mutex
-	server  *server // nil while halted or stopped
+	server  *child.Process // nil while halted or stopped
 	stopped bool
 	stopErr error
 }
@@ -103,14 +102,14 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	password := randomHex(24)
+	password := child.RandomHex(24)
 	if err := initCluster(ctx, bin, dir, password, cred); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
 	// A free port can be taken between choosing and binding it; try again.
 	for attempt := 0; ; attempt++ {
-		port, err := freePort()
+		port, err := child.FreePort()
 		if err != nil {
 			_ = os.RemoveAll(dir)
 			return nil, err
@@ -185,7 +184,7 @@ func initCluster(ctx context.Context, bin, dir, password string, cred *syscall.C
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("initdb: %w: %s", err, lastLines(out, 10))
+		return fmt.Errorf("initdb: %w: %s", err, child.LastLines(out, 10))
 	}
 	return nil
 }
@@ -207,33 +206,10 @@ func (c *Cluster) Stop() error {
 	}
 	c.stopped = true
 	if c.server != nil {
-		c.server.shutdown()
+		shutdown(c.server)
 		c.server = nil
 	}
 	c.stopErr = os.RemoveAll(c.dir)
 	c.logger.Info("throwaway PostgreSQL stopped", slog.String("dir", c.dir))
 	return c.stopErr
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func lastLines(out []byte, n int) string {
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, " | ")
 }

@@ -25,7 +25,7 @@ func (c *Cluster) Halt() error {
 	if c.server == nil {
 		return nil
 	}
-	c.server.shutdown()
+	shutdown(c.server)
 	c.server = nil
 	c.logger.Info("throwaway PostgreSQL halted", slog.String("dir", c.dir))
 	return nil
