@@ -26,6 +26,7 @@ import (
 
 	"github.com/onceflow/onceflow/idemhttp"
 	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/internal/jsontest"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
@@ -590,7 +591,7 @@ func (rig *workflowRig) check(t *testing.T, body []byte) {
 		return
 	}
 	require.Equal(t, "true", again.header.Get(idemhttp.ReplayedHeader), fuzzBody(body))
-	if variant, ok := respell(doc); ok {
+	if variant, ok := doc.Respell(); ok {
 		other := rig.send(t, variant)
 		require.Equal(t, http.StatusCreated, other.status, "%v respelled as %q: %s", fuzzBody(body), variant, other.body)
 		require.Equal(t, string(first.body), string(other.body), "%v respelled as %q", fuzzBody(body), variant)
@@ -614,19 +615,19 @@ func (rig *workflowRig) requireStored(t *testing.T, n int, body []byte) {
 // whether the status is sure; it is not where the answer turns on a rule
 // modelled only loosely here (a lone surrogate's key colliding, a huge
 // exponent).
-func expectOrder(body []byte) (doc any, status int, sure bool) {
+func expectOrder(body []byte) (doc *jsontest.Doc, status int, sure bool) {
 	if len(body) > idemhttp.MaxBodyDefault {
 		return nil, http.StatusRequestEntityTooLarge, true
 	}
-	s, err := scanJSON(body)
+	doc, err := jsontest.Read(body, recovery.MaxJSONDepth)
 	switch {
-	case err != nil || s.depth > recovery.MaxJSONDepth:
+	case err != nil:
 		return nil, http.StatusBadRequest, true
-	case s.duplicate && !s.replaced:
+	case doc.DuplicateKey && !doc.Replacement:
 		return nil, http.StatusBadRequest, true
 	}
-	status, sure = orderStatus(s.doc)
-	return s.doc, status, sure && !s.duplicate && !s.bigExponent
+	status, sure = orderStatus(doc.Value)
+	return doc, status, sure && !doc.DuplicateKey && !doc.BigExponent
 }
 
 // orderStatus checks a well-formed document against fuzzOrder as strict
@@ -636,14 +637,14 @@ func orderStatus(doc any) (int, bool) {
 	if doc == nil {
 		return http.StatusUnprocessableEntity, true // a zero request
 	}
-	members, ok := doc.([]jsonMember)
+	members, ok := doc.([]jsontest.Member)
 	if !ok {
 		return http.StatusBadRequest, true
 	}
 	var cents int64
 	seen := map[string]bool{}
 	for _, m := range members {
-		field := fieldOf(m.key, "customer", "cents", "items", "meta")
+		field := fieldOf(m.Key, "customer", "cents", "items", "meta")
 		if field == "" {
 			return http.StatusBadRequest, true // unknown field
 		}
@@ -651,13 +652,13 @@ func orderStatus(doc any) (int, bool) {
 		seen[field] = true
 		switch field {
 		case "customer":
-			ok = isKind[string](m.value)
+			ok = isKind[string](m.Value)
 		case "cents":
 			var s bool
-			cents, ok, s = integerIn(m.value, cents)
+			cents, ok, s = integerIn(m.Value, cents)
 			sure = sure && s
 		case "items":
-			ok, sure = itemsOK(m.value)
+			ok, sure = itemsOK(m.Value)
 		}
 		if !sure {
 			return 0, false
@@ -681,20 +682,20 @@ func itemsOK(v any) (ok, sure bool) {
 		return false, true
 	}
 	for _, item := range items {
-		members, isObject := item.([]jsonMember)
+		members, isObject := item.([]jsontest.Member)
 		if item != nil && !isObject {
 			return false, true
 		}
 		seen := map[string]bool{}
 		for _, m := range members {
-			field := fieldOf(m.key, "sku", "qty")
+			field := fieldOf(m.Key, "sku", "qty")
 			if field == "" || seen[field] {
 				return false, field == "" // a field set twice: which value wins?
 			}
 			seen[field] = true
-			ok, s := isKind[string](m.value), true
+			ok, s := isKind[string](m.Value), true
 			if field == "qty" {
-				_, ok, s = integerIn(m.value, 0)
+				_, ok, s = integerIn(m.Value, 0)
 			}
 			if !ok || !s {
 				return ok, s
@@ -742,145 +743,4 @@ func integerIn(v any, old int64) (n int64, ok, sure bool) {
 		return 0, false, true
 	}
 	return r.Num().Int64(), true, true
-}
-
-// jsonMember is an object member; a scanned document is made of nil,
-// bool, string, json.Number, []any (arrays) and []jsonMember (objects, in
-// the order written).
-type jsonMember struct {
-	key   string
-	value any
-}
-
-// jsonScan is what scanJSON learned about a document besides its value.
-type jsonScan struct {
-	doc         any
-	depth       int  // how deeply arrays and objects nest
-	duplicate   bool // an object holds a key twice, once decoded
-	replaced    bool // a string holds U+FFFD, which a lone surrogate escape decodes to
-	bigExponent bool // a number's exponent is 10^8 or more
-}
-
-// scanJSON decodes one JSON value with encoding/json, keeping the order of
-// members and the spelling of numbers. Invalid UTF-8, which encoding/json
-// lets through, is an error.
-func scanJSON(body []byte) (*jsonScan, error) {
-	if !json.Valid(body) {
-		return nil, errors.New("not JSON")
-	}
-	if !utf8.Valid(body) {
-		return nil, errors.New("not UTF-8")
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	s := &jsonScan{}
-	doc, err := s.value(dec, 0)
-	s.doc = doc
-	return s, err
-}
-
-func (s *jsonScan) value(dec *json.Decoder, depth int) (any, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, err
-	}
-	switch tok := tok.(type) {
-	case json.Delim:
-		s.depth = max(s.depth, depth+1)
-		if tok == '[' {
-			return s.array(dec, depth+1)
-		}
-		return s.object(dec, depth+1)
-	case string:
-		s.replaced = s.replaced || strings.ContainsRune(tok, utf8.RuneError)
-	case json.Number:
-		_, exp, _ := strings.Cut(strings.ToLower(string(tok)), "e")
-		s.bigExponent = s.bigExponent || len(strings.TrimLeft(exp, "+-0")) > 8
-	}
-	return tok, nil
-}
-
-func (s *jsonScan) array(dec *json.Decoder, depth int) (any, error) {
-	items := []any{}
-	for dec.More() {
-		v, err := s.value(dec, depth)
-		if err != nil {
-			return nil, err
-		}
-		items = append(items, v)
-	}
-	_, err := dec.Token()
-	return items, err
-}
-
-func (s *jsonScan) object(dec *json.Decoder, depth int) (any, error) {
-	members := []jsonMember{}
-	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, err
-		}
-		key := tok.(string)
-		s.replaced = s.replaced || strings.ContainsRune(key, utf8.RuneError)
-		s.duplicate = s.duplicate || seen[key]
-		seen[key] = true
-		v, err := s.value(dec, depth)
-		if err != nil {
-			return nil, err
-		}
-		members = append(members, jsonMember{key, v})
-	}
-	_, err := dec.Token()
-	return members, err
-}
-
-// respell writes a scanned document another way with the same meaning:
-// members in reverse order, other whitespace, strings escaped as
-// encoding/json escapes them, numbers with an exponent. ok is false where
-// a string holds U+FFFD, whose spelling (a lone surrogate?) is lost.
-func respell(doc any) (b []byte, ok bool) {
-	var buf bytes.Buffer
-	ok = writeRespelled(&buf, doc, "\n")
-	return buf.Bytes(), ok
-}
-
-func writeRespelled(b *bytes.Buffer, v any, indent string) bool {
-	ok := true
-	switch v := v.(type) {
-	case []jsonMember:
-		b.WriteString("{")
-		for i := len(v) - 1; i >= 0; i-- {
-			b.WriteString(indent + " ")
-			ok = writeRespelled(b, v[i].key, "") && ok
-			b.WriteString(" :\t")
-			ok = writeRespelled(b, v[i].value, indent+" ") && ok
-			if i > 0 {
-				b.WriteString(",")
-			}
-		}
-		b.WriteString(indent + "}")
-	case []any:
-		b.WriteString("[ ")
-		for i, item := range v {
-			if i > 0 {
-				b.WriteString(" ,\r\n")
-			}
-			ok = writeRespelled(b, item, indent+" ") && ok
-		}
-		b.WriteString(" ]")
-	case string:
-		enc, _ := json.Marshal(v)
-		b.Write(enc)
-		return !strings.ContainsRune(v, utf8.RuneError)
-	case json.Number:
-		b.WriteString(string(v))
-		if !strings.ContainsAny(string(v), "eE") {
-			b.WriteString("E+00")
-		}
-	default:
-		enc, _ := json.Marshal(v)
-		b.Write(enc)
-	}
-	return ok
 }

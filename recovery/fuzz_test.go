@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/internal/jsontest"
 	"github.com/onceflow/onceflow/recovery"
 )
 
@@ -291,7 +292,9 @@ func (in claimInput) checkRejected(t *testing.T, rig *claimRig, broken []string,
 // checkRespelled claims the JSON request written another way: the same
 // request, so in flight, never a mismatch.
 func (in claimInput) checkRespelled(t *testing.T, rig *claimRig, req fingerprinted) {
-	variant, ok := respell(t, in.request)
+	doc, err := jsontest.Read(in.request, recovery.MaxJSONDepth)
+	require.NoError(t, err, "encoding/json cannot read %.80q", in.request)
+	variant, ok := doc.Respell()
 	if !ok {
 		return
 	}
@@ -299,7 +302,7 @@ func (in claimInput) checkRespelled(t *testing.T, rig *claimRig, req fingerprint
 	require.Equal(t, string(req.stored), string(again.stored), "%v respelled as %.200q", in, variant)
 	require.Equal(t, req.fp, again.fp, "%v respelled as %.200q", in, variant)
 	p := in.params(again)
-	_, _, err := rig.store.Claim(rig.ctx, p)
+	_, _, err = rig.store.Claim(rig.ctx, p)
 	requireInFlight(t, p.Key, err, in)
 }
 
@@ -325,105 +328,4 @@ func requireInFlight(t *testing.T, key recovery.Key, err error, in claimInput) {
 	require.True(t, errors.As(err, &inFlight), in)
 	require.Equal(t, key, inFlight.Key, in)
 	require.Positive(t, inFlight.RetryAfter, in)
-}
-
-// respell writes the JSON document doc another way with the same meaning,
-// using encoding/json rather than onceflow: members in reverse order, other
-// whitespace, strings escaped as encoding/json escapes them, numbers with
-// an exponent. ok is false where a string holds U+FFFD, which a lone
-// surrogate escape decodes to, so its spelling is lost.
-func respell(t *testing.T, doc []byte) (variant []byte, ok bool) {
-	dec := json.NewDecoder(bytes.NewReader(doc))
-	dec.UseNumber()
-	v, err := decodeOrdered(dec)
-	require.NoError(t, err, "encoding/json cannot read %.80q", doc)
-	var buf bytes.Buffer
-	buf.WriteString(" \r\n")
-	ok = writeRespelled(&buf, v)
-	buf.WriteString("\t")
-	return buf.Bytes(), ok
-}
-
-// member is an object member; a decoded document is made of nil, bool,
-// string, json.Number, []any (arrays) and []member (objects, in order).
-type member struct {
-	key   string
-	value any
-}
-
-func decodeOrdered(dec *json.Decoder) (any, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, err
-	}
-	delim, isDelim := tok.(json.Delim)
-	if !isDelim {
-		return tok, nil
-	}
-	var (
-		items   = []any{}
-		members = []member{}
-	)
-	for dec.More() {
-		var key string
-		if delim == '{' {
-			k, err := dec.Token()
-			if err != nil {
-				return nil, err
-			}
-			key = k.(string)
-		}
-		v, err := decodeOrdered(dec)
-		if err != nil {
-			return nil, err
-		}
-		items = append(items, v)
-		members = append(members, member{key, v})
-	}
-	if _, err := dec.Token(); err != nil {
-		return nil, err
-	}
-	if delim == '{' {
-		return members, nil
-	}
-	return items, nil
-}
-
-func writeRespelled(b *bytes.Buffer, v any) bool {
-	ok := true
-	switch v := v.(type) {
-	case []member:
-		b.WriteString("{ ")
-		for i := len(v) - 1; i >= 0; i-- {
-			ok = writeRespelled(b, v[i].key) && ok
-			b.WriteString(" :\n")
-			ok = writeRespelled(b, v[i].value) && ok
-			if i > 0 {
-				b.WriteString("\t, ")
-			}
-		}
-		b.WriteString("\r\n}")
-	case []any:
-		b.WriteString("[\n")
-		for i, item := range v {
-			if i > 0 {
-				b.WriteString(" ,")
-			}
-			ok = writeRespelled(b, item) && ok
-		}
-		b.WriteString(" ]")
-	case string:
-		enc, _ := json.Marshal(v) // escapes <, >, & and U+2028 where canonical JSON does not
-		b.Write(enc)
-		return !strings.ContainsRune(v, utf8.RuneError)
-	case json.Number:
-		b.WriteString(string(v))
-		if !strings.ContainsAny(string(v), "eE") {
-			b.WriteString("E+00")
-		}
-	default:
-		enc, _ := json.Marshal(v)
-		b.Write(enc)
-	}
-	return ok
 }
