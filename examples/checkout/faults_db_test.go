@@ -116,8 +116,9 @@ func TestConnectionLossUnderLoad(t *testing.T) {
 // TestPostgresRestart: the database server stops mid-run for a seeded 0-5s
 // and starts again. The checkout server survives the outage on its own;
 // clients that retry complete their checkouts; checkouts whose clients gave
-// up are completed by the sweeper alone, and a late retry gets the stored
-// answer (Idempotent-Replayed: true). Every record completes, with one order
+// up are completed by the sweeper alone (among them, always, a witness
+// whose charge is held through the outage and whose client gives up during
+// it), and a late retry gets the stored answer (Idempotent-Replayed: true). Every record completes, with one order
 // and one charge per key and one answer per key, byte for byte.
 func TestPostgresRestart(t *testing.T) {
 	rnd := faults.Rand(t)
@@ -126,10 +127,29 @@ func TestPostgresRestart(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cluster.Stop() })
 	e.dbURL = cluster.URL()
-	app := e.serve("--lease", dbfaultLease.String(), "--sweep-every", "500ms") // serve migrates on start
+	// The first charge request, the witness's, waits at the proxy until the
+	// database has restarted; every other one goes straight through.
+	proxy := killNewProxy(t, e.provider, 1)
+	app := e.serve("--provider-url", proxy.url, "--lease", dbfaultLease.String(), "--sweep-every", "500ms") // serve migrates on start
 	dbfaultExplain(t, e.dbURL, app)
 	ctx, cancel := context.WithTimeout(e.ctx, 3*time.Minute)
 	defer cancel()
+
+	// The witness: a checkout in flight through the whole outage whose
+	// client gives up during it, so that only the sweeper can finish it.
+	witness := dbfaultNewKey("witness", 9000) // an amount no other key has
+	witnessCtx, witnessGivesUp := context.WithCancel(ctx)
+	defer witnessGivesUp()
+	witnessDone := make(chan error, 1)
+	go func() {
+		_, err := dbfaultPost(witnessCtx, app.URL, witness)
+		witnessDone <- err
+	}()
+	select {
+	case <-proxy.gates[0].arrived:
+	case err := <-witnessDone:
+		t.Fatalf("the witness's checkout ended before its charge: %v", err)
+	}
 
 	var (
 		stats    dbfaultStats
@@ -171,8 +191,11 @@ func TestPostgresRestart(t *testing.T) {
 	halted.Store(true)
 	inFlightAtHalt := dbfaultCount(t, dbfaultConnect(t, cluster.URL()), `SELECT count(*) FROM onceflow_keys WHERE status = 'in_flight'`)
 	require.NoError(t, cluster.Halt())
+	witnessGivesUp()
+	require.Error(t, <-witnessDone, "the witness's client gave up")
 	time.Sleep(down) // the outage itself
 	require.NoError(t, cluster.Resume(ctx))
+	proxy.gates[0].release()
 	startedAtResume := int(next.Load())
 	require.Eventually(t, func() bool { return int(next.Load()) >= max(minKeys, startedAtResume+10) },
 		time.Minute, 5*time.Millisecond, "new checkouts start after the restart")
@@ -198,6 +221,10 @@ func TestPostgresRestart(t *testing.T) {
 		return dbfaultCount(t, db, `SELECT count(*) FROM onceflow_keys WHERE status <> 'completed'`) == 0
 	})
 	swept := dbfaultSwept(app.Stderr())
+	// The witness's record outlived the outage in flight, with no client:
+	// the sweeper finished it.
+	sweeperOnly = append(sweeperOnly, witness)
+	keys = append(keys, witness)
 	for _, k := range sweeperOnly {
 		require.True(t, swept[k.id], "key %s: completed by the sweeper, as its log says", k.id)
 		late, err := dbfaultPost(ctx, app.URL, k)
