@@ -13,60 +13,32 @@ const (
 	claimedExisting = 3
 )
 
-// claimSQL decides a claim in one statement and returns one row: the record
-// as it now is, how it was reached, and the database clock.
-//
-//   - existing reads the row as of the statement's snapshot.
-//   - inserted tries the write only when the snapshot has no row, or has one
-//     that may be taken over (in flight, lease expired, same fingerprint and
-//     workflow). It inserts a new record, or on conflict takes the record
-//     over: ON CONFLICT waits for a concurrent claim's transaction and
-//     re-checks the takeover condition against the latest row version, so of
-//     two concurrent takeovers only one matches.
-//
-// A completed record, or one held by a valid lease, makes no write, so a
-// replay writes nothing. The statement has a single write so that PostgreSQL
-// sets up one modification per claim: the claim is on every request's path.
-// It returns no row only when a concurrent first claim committed after the
-// snapshot was taken and holds a valid lease; Claim then runs it again, and
-// the new snapshot sees that row.
+// claimSQL decides a claim in one round trip and returns one row: the
+// record as it now is, how it was reached, and the database clock. The
+// decision is the function onceflow_claim's (migration 0005, which says how
+// it decides): it reads the row first and writes only when the key is
+// absent or may be taken over, so a replay, or a claim of a key held by a
+// valid lease, writes nothing. It returns no row only when a concurrent
+// first claim committed after its read and holds a valid lease; Claim then
+// runs it again, and the new read sees that row.
 //
 // Parameters: $1 tenant, $2 key, $3 new id, $4 workflow, $5 fingerprint,
 // $6 request, $7 new owner, $8 lease in microseconds, $9 the error recorded
 // when taking over a lease whose holder stopped without releasing it.
 var claimSQL = `
-WITH existing AS (
-    SELECT ` + recordColumns + ` FROM {keys} WHERE tenant_id = $1 AND key = $2
-),
-inserted AS (
-    INSERT INTO {keys} AS k (tenant_id, key, id, workflow, request_hash, request, owner, locked_until)
-    SELECT $1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid,
-           clock_timestamp() + $8::bigint * interval '1 microsecond'
-    WHERE NOT EXISTS (
-        SELECT 1 FROM existing e
-        WHERE NOT (e.status = 'in_flight' AND e.locked_until < clock_timestamp()
-                   AND e.request_hash = $5 AND e.workflow = $4))
-    ON CONFLICT (tenant_id, key) DO UPDATE SET ` + claimTakeoverSet + `
-    WHERE k.status = 'in_flight' AND k.locked_until < clock_timestamp()
-      AND k.request_hash = EXCLUDED.request_hash AND k.workflow = EXCLUDED.workflow
-    RETURNING ` + recordColumns + `
-)
-SELECT ` + recordColumns + `, CASE WHEN id = $3 THEN 1 ELSE 2 END, clock_timestamp() FROM inserted
-UNION ALL
-SELECT ` + recordColumns + `, 3, clock_timestamp() FROM existing
-WHERE NOT EXISTS (SELECT 1 FROM inserted)`
+SELECT ` + recordColumns + `, CASE WHEN id = $3 THEN 1 WHEN owner = $7 THEN 2 ELSE 3 END, clock_timestamp()
+FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid, $8::bigint, $9::text) c`
 
 // takeoverSet mints the new owner ({owner}) and lease ({lease}, in
 // microseconds). A lease that ran out without being released ('-infinity')
 // belonged to an attempt that stopped: count it and say so ({abandoned}).
+// The claim function (migration 0005) writes the same assignments.
 const takeoverSet = `
         owner = {owner}::uuid,
         locked_until = clock_timestamp() + {lease}::bigint * interval '1 microsecond',
         updated_at = clock_timestamp(),
         attempts = k.attempts + (k.locked_until <> '-infinity')::int,
         last_error = CASE WHEN k.locked_until = '-infinity' THEN k.last_error ELSE {abandoned} END`
-
-var claimTakeoverSet = strings.NewReplacer("{owner}", "$7", "{lease}", "$8", "{abandoned}", "$9").Replace(takeoverSet)
 
 // takeoverSQL takes over an expired lease whatever the fingerprint, for work
 // resumed from its stored request. Like claimSQL it returns the record and
