@@ -92,9 +92,6 @@ func checkoutCase(ctx context.Context, srv *server, cfg Config) ([]Result, error
 		return nil, err
 	}
 	defer db.pool.Close()
-	if _, err := db.pool.Exec(ctx, ordersTable); err != nil {
-		return nil, err
-	}
 	wf := checkoutWorkflow()
 	engine, err := workflow.NewEngine(db.pool, workflow.Config{})
 	if err != nil {
@@ -179,9 +176,6 @@ func replayCase(ctx context.Context, srv *server, cfg Config) ([]Result, error) 
 		return nil, err
 	}
 	defer db.pool.Close()
-	if _, err := db.pool.Exec(ctx, ordersTable); err != nil {
-		return nil, err
-	}
 	wf := checkoutWorkflow()
 	engine, err := workflow.NewEngine(db.pool, workflow.Config{})
 	if err != nil {

@@ -20,9 +20,6 @@ func httpCase(ctx context.Context, srv *server, cfg Config) ([]Result, error) {
 		return nil, err
 	}
 	defer db.pool.Close()
-	if _, err := db.pool.Exec(ctx, ordersTable); err != nil {
-		return nil, err
-	}
 	idempotent, err := idemhttp.Middleware(db.pool, idemhttp.Config{})
 	if err != nil {
 		return nil, err

@@ -102,6 +102,9 @@ func (s *server) newDatabase(ctx context.Context, maxConns int32) (*database, er
 	if err == nil {
 		_, err = m.Up(ctx)
 	}
+	if err == nil {
+		_, err = pool.Exec(ctx, ordersTable) // the business table of the floors
+	}
 	if err != nil {
 		pool.Close()
 		return nil, err

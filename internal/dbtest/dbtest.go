@@ -25,6 +25,8 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -52,12 +54,38 @@ var server struct {
 // Main runs the tests of m against a real PostgreSQL and exits with their
 // result. Use it as: func TestMain(m *testing.M) { dbtest.Main(m) }.
 func Main(m *testing.M) {
-	os.Exit(Run(m))
+	os.Exit(run(m))
 }
 
-// Run is Main without the exit: it returns the code to exit with, for a
-// TestMain that has more to clean up.
-func Run(m *testing.M) int {
+// MainWithCommand builds the command in the test's package directory into a
+// temporary directory as name, sets *path to the executable, runs the tests
+// of m like Main, removes the executable and exits: for tests that run the
+// command as a real process. Use it as:
+//
+//	var binary string
+//	func TestMain(m *testing.M) { dbtest.MainWithCommand(m, "onceflow", &binary) }
+func MainWithCommand(m *testing.M, name string, path *string) {
+	dir, err := os.MkdirTemp("", name+"-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dbtest:", err)
+		os.Exit(1)
+	}
+	*path = filepath.Join(dir, name)
+	build := exec.Command("go", "build", "-o", *path, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintf(os.Stderr, "dbtest: build %s: %v\n", name, err)
+		_ = os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := run(m)
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// run runs the tests of m against a real PostgreSQL and returns the code
+// to exit with.
+func run(m *testing.M) int {
 	ctx := context.Background()
 	server.adminURL = pgcluster.URLFromEnv()
 	if server.adminURL == "" {
