@@ -42,9 +42,20 @@ type Config struct {
 	KeyOptional bool
 
 	// Lease is how long the middleware holds a key while its handler runs
-	// (default 30s). Keep handlers well within it; longer work belongs in a
-	// workflow, whose steps renew their lease.
+	// (0 means recovery.LeaseDefault, 30s). The lease is renewed every third
+	// of it while the handler runs; when no renewal succeeded for nine
+	// tenths of it, the handler's context is cancelled, before another
+	// request could take the key over. Keep handlers well within it; longer
+	// work belongs in a workflow.
 	Lease time.Duration
+
+	// DBTimeout bounds the database work done before the handler runs
+	// (taking a connection and claiming the key) and taking the connection
+	// for Tx: past it, the answer is 503 with Retry-After and the handler
+	// does not run. 0 means workflow.DBTimeoutDefault (5s). Also set the
+	// pool's connect_timeout. idemhttp.Workflow takes it from the engine's
+	// Config instead.
+	DBTimeout time.Duration
 
 	// ResponseHeaders are the response headers stored and replayed. nil
 	// means recovery.DefaultResponseHeaders.
@@ -62,19 +73,21 @@ type core struct {
 	tenant    func(*http.Request) string
 	operation func(*http.Request) string
 	maxBody   int64
+	dbTimeout time.Duration
 	optional  bool
 	logger    *slog.Logger
 	observer  workflow.Observer
 }
 
 func newCore(cfg Config) (*core, error) {
-	if cfg.MaxBody < 0 {
-		return nil, fmt.Errorf("%w: MaxBody is %d", recovery.ErrInvalidInput, cfg.MaxBody)
+	if cfg.MaxBody < 0 || cfg.DBTimeout < 0 {
+		return nil, fmt.Errorf("%w: MaxBody (%d) and DBTimeout (%s) must not be negative", recovery.ErrInvalidInput, cfg.MaxBody, cfg.DBTimeout)
 	}
 	c := &core{
 		tenant:    cfg.Tenant,
 		operation: cfg.Operation,
 		maxBody:   cmp.Or(cfg.MaxBody, MaxBodyDefault),
+		dbTimeout: cmp.Or(cfg.DBTimeout, workflow.DBTimeoutDefault),
 		optional:  cfg.KeyOptional,
 		logger:    cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		observer:  cfg.Observer,

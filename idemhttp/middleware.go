@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/internal/lease"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -72,7 +74,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op := m.operation(r)
-	rec, outcome, err := m.store.Claim(r.Context(), recovery.ClaimParams{Key: key, Workflow: op, Fingerprint: fingerprint(op, r, body)})
+	sent := time.Now()
+	claimCtx, cancel := context.WithTimeout(r.Context(), m.dbTimeout)
+	rec, outcome, err := m.store.Claim(claimCtx, recovery.ClaimParams{Key: key, Workflow: op, Fingerprint: fingerprint(op, r, body)})
+	cancel()
 	m.observe(op, outcome, err)
 	if err != nil {
 		writeProblem(w, m.claimProblem(r, err))
@@ -83,17 +88,21 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	m.serve(w, r, rec)
+	m.serve(w, r, rec, sent)
 }
 
-// serve runs the handler for a claimed key, renewing its lease meanwhile,
-// and stores its response.
-func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery.Record) {
-	ctx, cancel := context.WithCancelCause(r.Context())
-	defer cancel(nil)
-	stop := m.heartbeat(ctx, rec.Fence(), cancel)
+// serve runs the handler for a claimed key, keeping its lease meanwhile
+// (the claim was sent at sent), and stores its response. The handler's
+// context ends when the lease is lost or may have ended.
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery.Record, sent time.Time) {
+	fence := rec.Fence()
+	keeper := lease.New(m.store.Lease(), sent,
+		func(ctx context.Context) (time.Time, error) { return m.store.Renew(ctx, fence, 0) }, nil)
+	ctx, stop := keeper.Hold(r.Context())
 	resp, t, outcome := m.handle(r.WithContext(ctx))
-	stop()
+	if lost := stop(); lost != nil {
+		m.logger.WarnContext(r.Context(), "the handler ran past its lease", slog.String("operation", rec.Workflow), slog.Any("error", lost))
+	}
 	// What is left to do is done even if the client went away: the work is.
 	cleanupCtx, cancelCleanup := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
 	defer cancelCleanup()
@@ -128,32 +137,6 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery
 	default:
 		writeResponse(w, resp, false)
 	}
-}
-
-// heartbeat renews the key's lease every third of it until stop is
-// called. A renewal that finds the key taken over cancels the handler's
-// context.
-func (m *middleware) heartbeat(ctx context.Context, f recovery.Fence, cancel context.CancelCauseFunc) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		ticker := time.NewTicker(m.store.Lease() / 3)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-ticker.C:
-			}
-			if _, err := m.store.Renew(ctx, f, 0); errors.Is(err, recovery.ErrLeaseLost) {
-				cancel(err)
-				return
-			}
-		}
-	})
-	return func() { close(done); wg.Wait() }
 }
 
 // unprotected runs the handler for a request without a key, on a route
@@ -202,7 +185,7 @@ const (
 // handle runs the handler with a transaction to lend (Tx) and a recorder,
 // and returns its response, the transaction holder and how it ended.
 func (m *middleware) handle(r *http.Request) (recovery.Response, *txHolder, handlerOutcome) {
-	t := &txHolder{db: m.db}
+	t := &txHolder{db: m.db, timeout: m.dbTimeout}
 	r = r.WithContext(context.WithValue(r.Context(), txKey{}, t))
 	out := &recorder{header: http.Header{}}
 	outcome := m.run(out, r)
@@ -241,12 +224,19 @@ var errTxDone = errors.New("idemhttp: the request's transaction is over: Tx was 
 // txHolder begins the handler's transaction on first use, on a connection
 // it holds until the response is stored, and refuses to begin one after.
 type txHolder struct {
-	mu     sync.Mutex
-	db     workflow.DB
-	conn   *pgxpool.Conn
-	tx     pgx.Tx
-	closed bool
+	mu      sync.Mutex
+	db      workflow.DB
+	timeout time.Duration // bounds taking a connection and beginning
+	conn    *pgxpool.Conn
+	tx      pgx.Tx
+	closed  bool
 }
+
+// readCommitted is the handler's transaction's isolation, whatever the
+// server's default: the completion that commits with it must see the
+// lease renewals made while the handler ran, which a REPEATABLE READ
+// snapshot taken before them would refuse with a serialization failure.
+var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 
 // get returns the transaction, beginning it on first use.
 func (t *txHolder) get(ctx context.Context) (pgx.Tx, error) {
@@ -256,11 +246,13 @@ func (t *txHolder) get(ctx context.Context) (pgx.Tx, error) {
 		return nil, errTxDone
 	}
 	if t.tx == nil {
-		conn, err := t.db.Acquire(ctx)
+		beginCtx, cancel := context.WithTimeout(ctx, t.timeout)
+		defer cancel()
+		conn, err := t.db.Acquire(beginCtx)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: %w", recovery.ErrUnavailable, err)
 		}
-		tx, err := conn.BeginTx(ctx, pgx.TxOptions{})
+		tx, err := conn.BeginTx(beginCtx, readCommitted)
 		if err != nil {
 			conn.Release()
 			return nil, err

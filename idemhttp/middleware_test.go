@@ -20,6 +20,7 @@ import (
 	"github.com/onceflow/onceflow/idemhttp"
 	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/recovery"
+	"github.com/onceflow/onceflow/workflow"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -37,11 +38,22 @@ type server struct {
 func newServer(t *testing.T, cfg idemhttp.Config) *server {
 	t.Helper()
 	t.Parallel()
-	s := &server{t: t, db: dbtest.NewPool(t, 16)}
+	return newServerOn(t, dbtest.NewPool(t, 16), cfg, nil)
+}
+
+// newServerOn is newServer on pool, with the middleware's database wrapped
+// by wrap when it is not nil.
+func newServerOn(t *testing.T, pool *pgxpool.Pool, cfg idemhttp.Config, wrap func(*pgxpool.Pool) workflow.DB) *server {
+	t.Helper()
+	s := &server{t: t, db: pool}
 	_, err := s.db.Exec(context.Background(), `CREATE TABLE charges (id bigserial PRIMARY KEY, body text)`)
 	require.NoError(t, err)
 	s.handle = s.charge
-	mw, err := idemhttp.Middleware(s.db, cfg)
+	var db workflow.DB = pool
+	if wrap != nil {
+		db = wrap(pool)
+	}
+	mw, err := idemhttp.Middleware(db, cfg)
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/charges", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -411,7 +423,8 @@ func TestClientGoneAfterTheHandler(t *testing.T) {
 // TestLongHandlerKeepsItsLease: a handler that runs past a third of its
 // lease has the lease renewed, so a duplicate meanwhile is still 409.
 func TestLongHandlerKeepsItsLease(t *testing.T) {
-	s := newServer(t, idemhttp.Config{Lease: 150 * time.Millisecond})
+	const lease = time.Second
+	s := newServer(t, idemhttp.Config{Lease: lease})
 	release := make(chan struct{})
 	s.handle = func(w http.ResponseWriter, r *http.Request) {
 		<-release
@@ -424,7 +437,7 @@ func TestLongHandlerKeepsItsLease(t *testing.T) {
 	key := recovery.Key{Tenant: "acme", ID: "k1"}
 	require.Eventually(t, func() bool { // renewed well past the first lease
 		rec, err := store.Load(context.Background(), key)
-		return err == nil && rec.LockedUntil.Sub(rec.CreatedAt) > 400*time.Millisecond
+		return err == nil && rec.LockedUntil.Sub(rec.CreatedAt) > lease+lease/5
 	}, 10*time.Second, 10*time.Millisecond)
 	require.Equal(t, http.StatusConflict, s.post("/v1/charges", "k1", "acme", `{}`).status)
 	close(release)

@@ -24,8 +24,13 @@ var ErrInvalidTarget = errors.New("invalid target version")
 
 // Beginner starts transactions; *pgxpool.Pool and *pgx.Conn satisfy it.
 type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
+
+// readCommitted is the isolation of every migration transaction, whatever
+// the server's default: a migrator that waited for the lock must see what
+// the one before it applied.
+var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 
 // Config configures a Migrator.
 type Config struct {
@@ -115,7 +120,7 @@ func (m *Migrator) To(ctx context.Context, target int) ([]Migration, error) {
 // when the database is already at target.
 func (m *Migrator) step(ctx context.Context, target int) (*Migration, error) {
 	var done *Migration
-	err := pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, m.db, readCommitted, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, m.sql.lock, m.lockKey); err != nil {
 			return fmt.Errorf("take migration lock: %w", err)
 		}
@@ -218,7 +223,7 @@ func (m *Migrator) Status(ctx context.Context) ([]Status, error) {
 // applied reads the version table without creating anything.
 func (m *Migrator) applied(ctx context.Context) (map[int]time.Time, error) {
 	applied := map[int]time.Time{}
-	err := pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, m.db, readCommitted, func(tx pgx.Tx) error {
 		var exists bool
 		if err := tx.QueryRow(ctx, m.sql.tableExists, versionTable(m.schema)).Scan(&exists); err != nil {
 			return err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Outcome says what a successful claim gives its caller.
@@ -139,7 +140,7 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pg
 			continue // a concurrent first claim committed after our snapshot
 		}
 		if err != nil {
-			return nil, 0, fmt.Errorf("claim key: %w", err)
+			return nil, 0, claimError(p.Key, err)
 		}
 		switch {
 		case outcome == claimedNew:
@@ -157,13 +158,15 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pg
 	return nil, 0, &InFlightError{Key: p.Key, RetryAfter: time.Second}
 }
 
-// Takeover takes over k's record when its lease has expired, whatever
-// request it holds: for resuming work from the stored request when the
-// client is gone (a sweeper, Engine.Resume). It returns OutcomeTakeover
-// with a new owner token, OutcomeReplay when the record is finished, an
-// *InFlightError while a valid lease holds it, and ErrNotFound when there is
-// no record. It never creates one.
-func (s *Store) Takeover(ctx context.Context, k Key) (*Record, Outcome, error) {
+// Takeover takes over k's record of the named workflow when its lease has
+// expired, whatever request it holds: for resuming work from the stored
+// request when the client is gone (a sweeper, Engine.Resume). It returns
+// OutcomeTakeover with a new owner token, OutcomeReplay when the record is
+// finished, an *InFlightError while a valid lease holds it, ErrMismatch
+// when the record belongs to another workflow (the key was reused after
+// its record was pruned, say), and ErrNotFound when there is no record. It
+// never creates one.
+func (s *Store) Takeover(ctx context.Context, k Key, workflow string) (*Record, Outcome, error) {
 	if err := k.Validate(); err != nil {
 		return nil, 0, err
 	}
@@ -171,13 +174,18 @@ func (s *Store) Takeover(ctx context.Context, k Key) (*Record, Outcome, error) {
 		outcome int
 		dbNow   time.Time
 	)
-	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.takeover, k.Tenant, k.ID, uuid.New(), s.lease, abandonedError),
+	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.takeover, k.Tenant, k.ID, uuid.New(), s.lease, abandonedError, workflow),
 		&outcome, &dbNow)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, 0, fmt.Errorf("take over key: %w (tenant %q, key %q)", ErrNotFound, k.Tenant, k.ID)
+	case isLockTimeout(err):
+		return nil, 0, &InFlightError{Key: k, RetryAfter: time.Second}
 	case err != nil:
 		return nil, 0, fmt.Errorf("take over key: %w", err)
+	case rec.Workflow != workflow:
+		return nil, 0, fmt.Errorf("take over key: %w: the record belongs to workflow %q, not %q (tenant %q, key %q)",
+			ErrMismatch, rec.Workflow, workflow, k.Tenant, k.ID)
 	case outcome == claimedTakeover:
 		return rec, OutcomeTakeover, nil
 	case rec.Finished():
@@ -205,6 +213,27 @@ func (s *Store) ExpireLease(ctx context.Context, k Key) error {
 		return fmt.Errorf("expire lease: %w in flight (tenant %q, key %q)", ErrNotFound, k.Tenant, k.ID)
 	}
 	return nil
+}
+
+// lockNotAvailable is the SQLSTATE of a lock wait that ran out of
+// lock_timeout: the claim function waits no longer than that for a
+// concurrent, uncommitted claim of the same key (migration 0006).
+const lockNotAvailable = "55P03"
+
+// claimError is what a claim statement's error means to the caller. A lock
+// timeout means a concurrent claim of the key is uncommitted (its first
+// phase runs and holds the row): the key is in flight, answered at once
+// instead of after that phase.
+func claimError(k Key, err error) error {
+	if isLockTimeout(err) {
+		return &InFlightError{Key: k, RetryAfter: time.Second}
+	}
+	return fmt.Errorf("claim key: %w", err)
+}
+
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable
 }
 
 // retryAfter is how long until rec's lease ends by the database clock, at

@@ -30,6 +30,12 @@ var (
 	// ErrInvalidInput reports a tenant, key or operation name that breaks the
 	// input rules; *InputError says which and why. Nothing is written.
 	ErrInvalidInput = errors.New("invalid input")
+
+	// ErrUnavailable reports that the database gave no connection or no
+	// answer within the bound set for the work before anything runs (a
+	// DBTimeout): nothing ran, and the request may be retried (HTTP 503
+	// with Retry-After).
+	ErrUnavailable = errors.New("database unavailable")
 )
 
 // InFlightError is the ErrInFlight a claim returns, with the time until the

@@ -40,7 +40,7 @@ func (s *Store) BeginAndClaim(ctx context.Context, conn Conn, begin string, p Cl
 	rows, err := br.Query()
 	if err != nil {
 		_ = br.Close()
-		return nil, 0, fmt.Errorf("claim key: %w", err)
+		return nil, 0, claimError(p.Key, err)
 	}
 	rec, outcome, err := s.WithConn(conn).claimFrom(ctx, p, args, collectedRow{rows: rows, close: br.Close})
 	if closeErr := br.Close(); err == nil && closeErr != nil {

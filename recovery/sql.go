@@ -15,7 +15,7 @@ const (
 
 // claimSQL decides a claim in one round trip and returns one row: the
 // record as it now is, how it was reached, and the database clock. The
-// decision is the function onceflow_claim's (migration 0005, which says how
+// decision is the function onceflow_claim's (migrations 0005 and 0006 say how
 // it decides): it reads the row first and writes only when the key is
 // absent or may be taken over, so a replay, or a claim of a key held by a
 // valid lease, writes nothing. It returns no row only when a concurrent
@@ -32,7 +32,7 @@ FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, 
 // takeoverSet mints the new owner ({owner}) and lease ({lease}, in
 // microseconds). A lease that ran out without being released ('-infinity')
 // belonged to an attempt that stopped: count it and say so ({abandoned}).
-// The claim function (migration 0005) writes the same assignments.
+// The claim function (migrations 0005, 0006) writes the same assignments.
 const takeoverSet = `
         owner = {owner}::uuid,
         locked_until = clock_timestamp() + {lease}::bigint * interval '1 microsecond',
@@ -46,7 +46,8 @@ const takeoverSet = `
 // a valid lease). No row means no record.
 //
 // Parameters: $1 tenant, $2 key, $3 new owner, $4 lease in microseconds, $5
-// the error recorded for an abandoned lease.
+// the error recorded for an abandoned lease, $6 the workflow the record must
+// belong to (a record of another workflow is returned untouched).
 var takeoverSQL = `
 WITH existing AS (
     SELECT ` + recordColumns + ` FROM {keys} WHERE tenant_id = $1 AND key = $2
@@ -54,6 +55,7 @@ WITH existing AS (
 taken AS (
     UPDATE {keys} AS k SET ` + strings.NewReplacer("{owner}", "$3", "{lease}", "$4", "{abandoned}", "$5").Replace(takeoverSet) + `
     WHERE k.tenant_id = $1 AND k.key = $2 AND k.status = 'in_flight' AND k.locked_until < clock_timestamp()
+      AND k.workflow = $6
     RETURNING ` + recordColumns + `
 )
 SELECT ` + recordColumns + `, 2, clock_timestamp() FROM taken

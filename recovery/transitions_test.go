@@ -240,17 +240,17 @@ func TestAdvanceExtendsLease(t *testing.T) {
 func TestTakeoverWithoutRequest(t *testing.T) {
 	b := setup(t)
 	key := recovery.Key{Tenant: "acme", ID: "k1"}
-	_, _, err := b.store.Takeover(b.ctx, key)
+	_, _, err := b.store.Takeover(b.ctx, key, "checkout")
 	require.ErrorIs(t, err, recovery.ErrNotFound, "a takeover never creates a record")
 	require.Zero(t, b.count(t))
 
 	first, _ := b.claim(t, params(t, key, `{"amount":100}`))
 	require.NoError(t, b.store.Advance(b.ctx, first.Fence(), "create_order", []byte(`{"order_id":1}`)))
-	_, _, err = b.store.Takeover(b.ctx, key)
+	_, _, err = b.store.Takeover(b.ctx, key, "checkout")
 	require.ErrorIs(t, err, recovery.ErrInFlight, "a valid lease is respected")
 
 	b.expire(t, key)
-	rec, outcome, err := b.store.Takeover(b.ctx, key)
+	rec, outcome, err := b.store.Takeover(b.ctx, key, "checkout")
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeTakeover, outcome)
 	require.NotEqual(t, first.Owner, rec.Owner)
@@ -260,7 +260,7 @@ func TestTakeoverWithoutRequest(t *testing.T) {
 	require.ErrorIs(t, b.store.Advance(b.ctx, first.Fence(), "charge", nil), recovery.ErrLeaseLost)
 
 	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), jsonResponse))
-	replay, outcome, err := b.store.Takeover(b.ctx, key)
+	replay, outcome, err := b.store.Takeover(b.ctx, key, "checkout")
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeReplay, outcome)
 	require.Equal(t, jsonResponse.Body, replay.Response.Body)
@@ -285,7 +285,7 @@ func TestConcurrentTakeoverAndClaimOneWinner(t *testing.T) {
 				<-start
 				var err error
 				if i%2 == 0 {
-					_, _, err = b.store.Takeover(b.ctx, key)
+					_, _, err = b.store.Takeover(b.ctx, key, "checkout")
 				} else {
 					_, _, err = b.store.Claim(b.ctx, p)
 				}
@@ -318,7 +318,7 @@ func TestExpireLease(t *testing.T) {
 	require.NoError(t, b.store.ExpireLease(b.ctx, key))
 	require.True(t, b.load(t, key).Released, "a released lease stays released")
 
-	taken, _, err := b.store.Takeover(b.ctx, key)
+	taken, _, err := b.store.Takeover(b.ctx, key, "checkout")
 	require.NoError(t, err)
 	require.NoError(t, b.store.Complete(b.ctx, taken.Fence(), jsonResponse))
 	require.ErrorIs(t, b.store.ExpireLease(b.ctx, key), recovery.ErrNotFound, "a finished record has no lease")

@@ -9,9 +9,9 @@ import (
 	"runtime/debug"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/internal/lease"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 )
@@ -41,13 +41,17 @@ type attempt[Req, State any] struct {
 	fromRecord bool
 
 	conn      *pgxpool.Conn // the connection the open transaction is on
-	tx        pgx.Tx        // the open transaction, if any
+	tx        *phaseTx      // the open transaction, if any
 	rec       *recovery.Record
 	outcome   recovery.Outcome
+	keeper    *lease.Keeper // keeps the lease from the claim on
 	run       phase.Run[Req, State]
 	next      int  // index of the next step to run
 	claimOpen bool // the claim is uncommitted, in the open transaction
 	committed bool // a recovery point exists
+	// acted: this attempt did something a rollback cannot undo (started a
+	// foreign call, or committed a step).
+	acted bool
 }
 
 // lostLease marks a loss of the lease that the engine itself found (a
@@ -98,7 +102,7 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, requ
 func (w *Workflow[Req, State]) resume(ctx context.Context, e *Engine, rec *recovery.Record) (*Result, error) {
 	a := &attempt[Req, State]{e: e, w: w, key: rec.Key, fromRecord: true,
 		claim: func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
-			return s.Takeover(ctx, rec.Key)
+			return s.Takeover(ctx, rec.Key, w.name)
 		},
 	}
 	a.start, _ = w.indexAfter(rec.RecoveryPoint)
@@ -134,9 +138,11 @@ func (a *attempt[Req, State]) execute(ctx context.Context) (res *Result, err err
 			return nil, err
 		}
 	}
+	sent := time.Now()
 	if res, err := a.claimKey(ctx, folded); res != nil || err != nil {
 		return res, err
 	}
+	a.keepLease(ctx, sent)
 	if a.tx != nil && a.next != a.start {
 		// The record moved on since the guess: commit the takeover alone.
 		if err := a.commit(ctx); err != nil {
@@ -216,7 +222,19 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 
 // claimWith claims the key: on its own, or opening the transaction of the
 // first phase (in one round trip when the attempt has a pipelined claim).
+// Taking a connection and the claim are bounded by Config.DBTimeout: past
+// it, the attempt runs nothing and reports ErrUnavailable.
 func (a *attempt[Req, State]) claimWith(ctx context.Context, folded bool) (*recovery.Record, recovery.Outcome, error) {
+	claimCtx, cancel := context.WithTimeout(ctx, a.e.dbTimeout)
+	defer cancel()
+	rec, outcome, err := a.claimWithin(claimCtx, folded)
+	if err != nil && claimCtx.Err() != nil && ctx.Err() == nil {
+		err = fmt.Errorf("%w: no answer within %s (Config.DBTimeout): %w", ErrUnavailable, a.e.dbTimeout, err)
+	}
+	return rec, outcome, err
+}
+
+func (a *attempt[Req, State]) claimWithin(ctx context.Context, folded bool) (*recovery.Record, recovery.Outcome, error) {
 	if !folded {
 		return a.claim(ctx, a.store())
 	}
@@ -251,12 +269,15 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 	}
 	// While the claim is uncommitted in the transaction, the row is locked
 	// by this attempt and no takeover is possible: no heartbeat is needed.
-	stepCtx, stop := a.heartbeat(ctx, step.Name(), !a.claimOpen)
+	stepCtx, stop := a.heartbeat(ctx, !a.claimOpen)
 	started := a.e.now()
 	err := step.RunAtomic(stepCtx, a.tx, &a.run)
 	a.e.observeStep(a.w.name, step.Name(), started, err)
 	if lost := stop(); lost != nil {
 		err = lost
+	}
+	if a.tx.ended() {
+		return a.txEndedByStep(ctx, step.Name())
 	}
 	if o, ok := asOutcome(err); ok {
 		return a.respondOrReject(ctx, step.Name(), o)
@@ -284,12 +305,17 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 }
 
 // foreign runs a foreign mutation outside any transaction. Its result is
-// committed with the next atomic phase, or right away when none follows.
+// committed with the next atomic phase, or right away when none follows. A
+// call is not started once the lease may have ended.
 func (a *attempt[Req, State]) foreign(ctx context.Context, step phase.Step[Req, State]) (*Result, error) {
-	stepCtx, stop := a.heartbeat(ctx, step.Name(), true)
-	started := a.e.now()
-	err := step.RunForeign(stepCtx, &a.run)
-	a.e.observeStep(a.w.name, step.Name(), started, err)
+	stepCtx, stop := a.heartbeat(ctx, true)
+	var err error
+	if stepCtx.Err() == nil {
+		a.acted = true
+		started := a.e.now()
+		err = step.RunForeign(stepCtx, &a.run)
+		a.e.observeStep(a.w.name, step.Name(), started, err)
+	}
 	if lost := stop(); lost != nil {
 		err = lost
 	}
@@ -322,11 +348,12 @@ func (a *attempt[Req, State]) advance(ctx context.Context, step string) error {
 	if err != nil {
 		return fmt.Errorf("encode state: %w", err)
 	}
+	sent := time.Now()
 	if err := a.store().Advance(ctx, a.rec.Fence(), step, state); err != nil {
 		return fenced(err)
 	}
 	if a.tx == nil {
-		a.committed = true
+		a.extended(sent)
 	}
 	a.next++
 	return nil
@@ -349,6 +376,7 @@ func (a *attempt[Req, State]) respond(ctx context.Context, step string, resp *Re
 	}
 	if a.tx == nil {
 		err = fenced(a.e.store.CompleteAfter(ctx, a.rec.Fence(), step, state, *resp))
+		a.acted = a.acted || err == nil
 	} else if err = a.beforeCommit(ctx, step); err != nil {
 		return nil, err
 	} else {
@@ -374,23 +402,40 @@ func (a *attempt[Req, State]) buildResponse() (resp Response, err error) {
 	return a.w.response(&a.run.State), nil
 }
 
-// respondOrReject ends the workflow as a step asked. A Reject keeps no
-// record only while nothing can have happened: no recovery point
-// committed, and no step before this one ran (a foreign call's effect
-// would be repeated under a new downstream key).
+// respondOrReject ends the workflow as a step asked: a Respond, or a
+// Reject that may not leave the key free (see rejectable), is stored.
 func (a *attempt[Req, State]) respondOrReject(ctx context.Context, step string, o *outcome) (*Result, error) {
-	if !o.reject || a.committed || a.next > 0 {
+	if !o.reject || !a.rejectable() {
 		return a.respond(ctx, step, &o.resp)
 	}
 	a.rollback()
 	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	if rec, ok := a.recordAfterRollback(cleanupCtx, a.outcome == recovery.OutcomeTakeover); ok {
-		if err := a.e.store.DeleteUnstarted(cleanupCtx, rec.Fence()); err != nil {
+		err := a.e.store.DeleteUnstarted(cleanupCtx, rec.Fence())
+		if errors.Is(err, ErrLeaseLost) {
+			// Another attempt took the key over: its answer is the key's.
+			return a.failed(ctx, step, &lostLease{err})
+		}
+		if err != nil {
 			a.e.logger.WarnContext(ctx, "could not delete a rejected claim", a.logAttrs(step, slog.Any("error", err))...)
 		}
 	}
 	return &Result{Response: o.resp, Outcome: a.outcome, Rejected: true}, nil
+}
+
+// rejectable reports whether a Reject may delete the record, leaving the
+// key free for a fresh execution: only when nothing outside the database
+// can have happened under the record, since a fresh execution gets a new
+// record id and so new downstream keys, and a foreign call made under the
+// old ones would be made again. That holds when no recovery point is
+// committed, this is the first step, and no earlier attempt can have
+// started a foreign call: the record is new, or the workflow starts with an
+// atomic phase (an earlier attempt got no further than that phase without
+// committing a recovery point).
+func (a *attempt[Req, State]) rejectable() bool {
+	return !a.committed && a.next == 0 &&
+		(a.outcome == recovery.OutcomeNew || a.w.steps[0].Kind() == phase.KindAtomic)
 }
 
 // failed handles a step's error: roll back, then hand the lease back so a
@@ -425,7 +470,7 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 	}
 	var err error
 	switch {
-	case ctx.Err() != nil:
+	case a.wentAway(ctx):
 		err = a.e.store.HandBack(cleanupCtx, rec.Fence(), stepErr.Error())
 	case a.e.maxAttempts > 0 && rec.Attempts+1 >= a.e.maxAttempts:
 		return a.failTerminally(cleanupCtx, rec.Fence(), rec.Attempts+1, cause)
@@ -436,6 +481,15 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 		a.e.logger.WarnContext(ctx, "could not hand the lease back", a.logAttrs(step, slog.Any("error", err))...)
 	}
 	return nil, stepErr
+}
+
+// wentAway reports an attempt that stopped because its caller cancelled it
+// before it did anything a rollback cannot undo: the one kind of stop that
+// does not count against MaxAttempts. A deadline (the caller's, or the
+// completer's ResumeTimeout) counts: a step that always outlives it must
+// not be resumed for ever.
+func (a *attempt[Req, State]) wentAway(ctx context.Context) bool {
+	return errors.Is(ctx.Err(), context.Canceled) && !a.acted
 }
 
 // recordAfterRollback returns the record as this attempt owns it once its
@@ -489,7 +543,8 @@ func (a *attempt[Req, State]) begin(ctx context.Context) error {
 // attempt's fenced write and the COMMIT in one round trip, and hands the
 // connection back.
 func (a *attempt[Req, State]) commitWith(ctx context.Context, commit func(recovery.Conn) error) error {
-	err := a.tx.(*phaseTx).open(ctx) // a phase that sent no statement
+	sent := time.Now()
+	err := a.tx.open(ctx) // a phase that sent no statement
 	if err == nil {
 		err = commit(a.conn)
 	}
@@ -504,8 +559,32 @@ func (a *attempt[Req, State]) commitWith(ctx context.Context, commit func(recove
 	a.conn.Release()
 	a.conn, a.tx = nil, nil
 	a.claimOpen = false
-	a.committed = true
+	a.extended(sent)
 	return nil
+}
+
+// extended notes a commit of this attempt's, sent at sent: a recovery
+// point (or the completion) is committed, and the lease runs from then.
+func (a *attempt[Req, State]) extended(sent time.Time) {
+	a.committed, a.acted = true, true
+	if a.keeper != nil {
+		a.keeper.Extended(sent)
+	}
+}
+
+// txEndedByStep handles an atomic phase that committed or rolled back its
+// own transaction (tx.Exec("COMMIT")): what it wrote before may be
+// committed without the recovery point, so running the phase again could
+// make its writes twice. The record fails terminally, for an operator to
+// look at, and nothing runs again.
+func (a *attempt[Req, State]) txEndedByStep(ctx context.Context, step string) (*Result, error) {
+	a.claimOpen = false // a committed claim is committed; a rolled back one is gone
+	a.rollback()
+	cause := fmt.Errorf("step %s: %w", step, errTxEndedByStep)
+	a.e.logger.ErrorContext(ctx, "an atomic phase ended its own transaction", a.logAttrs(step)...)
+	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	return a.failTerminally(cleanupCtx, a.rec.Fence(), a.run.Attempt, cause)
 }
 
 // beforeCommit is the crash point before step's commit: a hook that stops
@@ -520,7 +599,7 @@ func (a *attempt[Req, State]) beforeCommit(ctx context.Context, step string) err
 
 // commit commits the open transaction on its own.
 func (a *attempt[Req, State]) commit(ctx context.Context) error {
-	err := a.tx.(*phaseTx).open(ctx)
+	err := a.tx.open(ctx)
 	if err == nil {
 		_, err = a.conn.Exec(ctx, "commit")
 	}
@@ -530,7 +609,6 @@ func (a *attempt[Req, State]) commit(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
-	a.committed = true
 	return nil
 }
 

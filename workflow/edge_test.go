@@ -118,13 +118,14 @@ func (r *renewalsSent) QueryRow(ctx context.Context, sql string, args ...any) pg
 	return r.Pool.QueryRow(ctx, sql, args...)
 }
 
-// TestCancelledCallerNeverFailsTheKey: a caller going away is not the
-// work failing: even at MaxAttempts 1 the key stays resumable.
+// TestCancelledCallerNeverFailsTheKey: a caller going away before anything
+// took effect is not the work failing: even at MaxAttempts 1 the key stays
+// resumable.
 func TestCancelledCallerNeverFailsTheKey(t *testing.T) {
 	w := newWorld(t)
 	ctx, cancel := context.WithCancel(w.ctx)
 	w.before = func(stepCtx context.Context, step string) error {
-		if step == "charge" {
+		if step == "create_order" { // the first phase: it rolls back
 			cancel()
 			<-stepCtx.Done()
 			return stepCtx.Err()

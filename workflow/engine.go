@@ -19,6 +19,10 @@ import (
 // a key fails terminally.
 const MaxAttemptsDefault = 10
 
+// DBTimeoutDefault bounds the database work done before anything runs:
+// taking a connection from the pool and claiming the key.
+const DBTimeoutDefault = 5 * time.Second
+
 // DB is what the engine needs of a database: *pgxpool.Pool satisfies it.
 // An atomic phase runs on one connection the engine holds, so that it can
 // send the claim with its BEGIN, and the recovery point with its COMMIT, in
@@ -46,9 +50,19 @@ type Config struct {
 	Lease time.Duration
 
 	// MaxAttempts is how many attempts may end without finishing (an error,
-	// a panic, a crash) before the key fails terminally with a stored 500.
-	// 0 means MaxAttemptsDefault; -1 means no limit.
+	// a panic, a crash, a deadline) before the key fails terminally with a
+	// stored 500. Only a caller that cancels an attempt before it did
+	// anything a rollback cannot undo does not count. 0 means
+	// MaxAttemptsDefault; -1 means no limit.
 	MaxAttempts int
+
+	// DBTimeout bounds taking a connection and claiming the key, the
+	// database work done before any step runs: past it, Run returns an
+	// error matching ErrUnavailable and runs nothing, so that a database
+	// that hangs (a locked table, a host dropping packets, a full pool)
+	// gives a prompt error instead of a hung request. Set the pool's
+	// connect_timeout too. 0 means DBTimeoutDefault.
+	DBTimeout time.Duration
 
 	// ResponseHeaders lists the response headers stored and replayed. nil
 	// means recovery.DefaultResponseHeaders.
@@ -86,6 +100,7 @@ type Engine struct {
 	db          DB
 	store       *recovery.Store
 	lease       time.Duration
+	dbTimeout   time.Duration
 	maxAttempts int
 	logger      *slog.Logger
 	hooks       Hooks
@@ -127,10 +142,14 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 	if cfg.MaxAttempts < -1 {
 		return nil, fmt.Errorf("%w: MaxAttempts is %d; use -1 for no limit", ErrInvalidInput, cfg.MaxAttempts)
 	}
+	if cfg.DBTimeout < 0 {
+		return nil, fmt.Errorf("%w: DBTimeout is %s", ErrInvalidInput, cfg.DBTimeout)
+	}
 	e := &Engine{
 		db:          db,
 		store:       store,
 		lease:       store.Lease(),
+		dbTimeout:   cmp.Or(cfg.DBTimeout, DBTimeoutDefault),
 		maxAttempts: cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault),
 		logger:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		observer:    cfg.Observer,

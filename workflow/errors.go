@@ -30,6 +30,9 @@ var (
 	// ErrCrashed: a crash-point hook stopped the attempt as a process death
 	// would (see Hooks).
 	ErrCrashed = errors.New("attempt stopped at a crash point")
+	// ErrUnavailable: the database gave no connection or no claim within
+	// Config.DBTimeout; nothing ran (HTTP 503, Retry-After).
+	ErrUnavailable = recovery.ErrUnavailable
 )
 
 // StepError is a step's failure: the lease was released (or, after

@@ -3,10 +3,12 @@ package workflow_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/foreign"
@@ -241,7 +243,10 @@ func TestHeartbeatLosingLeaseCancelsStep(t *testing.T) {
 			return context.Cause(ctx)
 		}),
 	)
-	e := w.engine(workflow.Config{Lease: 150 * time.Millisecond, Hooks: hooks})
+	// A lease long enough that the takeover below comes before the
+	// attempt's own deadline on any machine: the first renewal, at a third
+	// of it, finds the key taken over.
+	e := w.engine(workflow.Config{Lease: 3 * time.Second, Hooks: hooks})
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.Run(w.ctx, acme, wf, order)
@@ -250,7 +255,7 @@ func TestHeartbeatLosingLeaseCancelsStep(t *testing.T) {
 	<-entered
 	// Another process takes the key over.
 	require.NoError(t, e.Store().ExpireLease(w.ctx, acme))
-	_, _, err := e.Store().Takeover(w.ctx, acme)
+	_, _, err := e.Store().Takeover(w.ctx, acme, "long")
 	require.NoError(t, err)
 
 	require.ErrorIs(t, <-lost, recovery.ErrLeaseLost)
@@ -295,4 +300,56 @@ func TestCancelledCallerReleases(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "create_order", res.ResumedFrom)
 	require.Equal(t, 1, w.orders())
+}
+
+// swapBeforeTakeover gives acme's record to another workflow just before
+// the takeover statement runs, as when the key was pruned and reused by
+// another operation between the completer's read and its takeover.
+type swapBeforeTakeover struct {
+	*pgxpool.Pool
+}
+
+func (s swapBeforeTakeover) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if strings.Contains(sql, "WITH existing AS") {
+		if _, err := s.Pool.Exec(ctx, `UPDATE onceflow_keys SET workflow = 'other' WHERE tenant_id = $1 AND key = $2`,
+			acme.Tenant, acme.ID); err != nil {
+			return errRow{err}
+		}
+	}
+	return s.Pool.QueryRow(ctx, sql, args...)
+}
+
+// TestResumeTakesOverOnlyItsWorkflow: a resume whose record now belongs to
+// another workflow takes nothing over and changes nothing: it must not
+// count a failed attempt against (and so perhaps fail) a record it cannot
+// run.
+//
+// Before the fix, the takeover matched any workflow; the attempt then
+// found the name wrong, released the other workflow's lease and counted an
+// attempt against it.
+func TestResumeTakesOverOnlyItsWorkflow(t *testing.T) {
+	w := newWorld(t)
+	w.before = func(_ context.Context, step string) error {
+		if step == "charge" {
+			return errors.New("provider down")
+		}
+		return nil
+	}
+	wf := w.checkout()
+	e := w.engine(workflow.Config{})
+	_, err := e.Run(w.ctx, acme, wf, order)
+	require.Error(t, err)
+	before, err := e.Store().Load(w.ctx, acme)
+	require.NoError(t, err)
+
+	resumer, err := workflow.NewEngine(swapBeforeTakeover{w.db}, workflow.Config{Workflows: []workflow.Definition{wf}})
+	require.NoError(t, err)
+	_, err = resumer.Resume(w.ctx, acme)
+	require.ErrorIs(t, err, workflow.ErrMismatch)
+	after, err := e.Store().Load(w.ctx, acme)
+	require.NoError(t, err)
+	require.Equal(t, "other", after.Workflow)
+	require.Equal(t, before.Owner, after.Owner, "not taken over")
+	require.Equal(t, before.Attempts, after.Attempts, "no attempt counted")
+	require.Equal(t, before.LastError, after.LastError)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -90,6 +91,11 @@ func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []
 }
 
 func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	for _, q := range b.QueuedQueries {
+		if endsTransaction(q.SQL) {
+			return errBatch{err: errEngineEnds}
+		}
+	}
 	if t.begin != "" {
 		b.QueuedQueries = append([]*pgx.QueuedQuery{{SQL: t.begin}}, b.QueuedQueries...)
 		t.begin = ""
@@ -119,10 +125,16 @@ func (t *phaseTx) LargeObjects() pgx.LargeObjects {
 }
 
 func (t *phaseTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if endsTransaction(sql) {
+		return nil, errEngineEnds
+	}
 	return t.conn.Prepare(ctx, name, sql)
 }
 
 func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if endsTransaction(sql) {
+		return pgconn.CommandTag{}, errEngineEnds
+	}
 	if t.pipelines(args) {
 		br, err := t.withBegin(ctx, sql, args)
 		if err != nil {
@@ -141,6 +153,9 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 }
 
 func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if endsTransaction(sql) {
+		return nil, errEngineEnds
+	}
 	if err := t.open(ctx); err != nil {
 		return nil, err
 	}
@@ -148,6 +163,9 @@ func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 }
 
 func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if endsTransaction(sql) {
+		return errRow{errEngineEnds}
+	}
 	if t.pipelines(args) {
 		br, err := t.withBegin(ctx, sql, args)
 		if err != nil {
@@ -214,6 +232,76 @@ func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
 func (b errBatch) QueryRow() pgx.Row                { return errRow{b.err} }
 func (b errBatch) Tx() pgx.Tx                       { return nil }
 func (b errBatch) Close() error {
-	_ = b.br.Close()
+	if b.br != nil {
+		_ = b.br.Close()
+	}
 	return b.err
+}
+
+// errTxEndedByStep is the cause of a record failed because an atomic phase
+// ended its own transaction (see attempt.txEndedByStep).
+var errTxEndedByStep = errors.New("the phase committed or rolled back its own transaction, so its writes may be committed without the recovery point; the record failed so that they are not made again")
+
+// ended reports whether the phase's transaction is over: a statement the
+// phase sent (a COMMIT in a string of several, say) ended it.
+func (t *phaseTx) ended() bool {
+	return t != nil && t.begin == "" && t.conn.PgConn().TxStatus() == 'I'
+}
+
+// endsTransaction reports whether sql starts with a statement that would
+// end the phase's transaction (COMMIT, END, ROLLBACK or ABORT other than to
+// a savepoint, PREPARE TRANSACTION). Statements later in a string of
+// several are caught after the fact (ended).
+func endsTransaction(sql string) bool {
+	words := leadingWords(sql, 3)
+	if len(words) == 0 {
+		return false
+	}
+	switch words[0] {
+	case "commit", "end":
+		return true
+	case "prepare":
+		return len(words) > 1 && words[1] == "transaction"
+	case "rollback", "abort":
+		rest := words[1:]
+		if len(rest) > 0 && (rest[0] == "work" || rest[0] == "transaction") {
+			rest = rest[1:]
+		}
+		return len(rest) == 0 || rest[0] != "to"
+	}
+	return false
+}
+
+// leadingWords returns up to n words at the start of sql, lower-cased,
+// skipping white space and comments.
+func leadingWords(sql string, n int) []string {
+	var words []string
+	for i := 0; i < len(sql) && len(words) < n; {
+		switch c := sql[i]; {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f':
+			i++
+		case strings.HasPrefix(sql[i:], "--"):
+			end := strings.IndexByte(sql[i:], '\n')
+			if end < 0 {
+				return words
+			}
+			i += end + 1
+		case strings.HasPrefix(sql[i:], "/*"):
+			end := strings.Index(sql[i:], "*/") // nested comments are rare at the start
+			if end < 0 {
+				return words
+			}
+			i += end + 2
+		case c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_':
+			j := i
+			for j < len(sql) && (sql[j] >= 'a' && sql[j] <= 'z' || sql[j] >= 'A' && sql[j] <= 'Z' || sql[j] == '_') {
+				j++
+			}
+			words = append(words, strings.ToLower(sql[i:j]))
+			i = j
+		default:
+			return words
+		}
+	}
+	return words
 }

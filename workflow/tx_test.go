@@ -90,3 +90,84 @@ func TestPhaseThatWritesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 200, res.Response.Status)
 }
+
+// TestPhaseCannotEndItsTransaction: a statement that would end the phase's
+// transaction (COMMIT, END, ROLLBACK, ABORT, PREPARE TRANSACTION, in any
+// case, after comments) is refused before it is sent: the phase's writes
+// would otherwise commit without the recovery point. A ROLLBACK to a
+// savepoint is the phase's own business and goes through.
+func TestPhaseCannotEndItsTransaction(t *testing.T) {
+	w := newWorld(t)
+	refused := []string{"COMMIT", " commit;", "-- done\nCOMMIT", "/* x */ end", "ROLLBACK", "abort work",
+		"rollback transaction", "PREPARE TRANSACTION 'x'", "commit and chain"}
+	wf := workflow.Define("end_tx",
+		phase.Atomic("write", func(ctx context.Context, tx pgx.Tx, _ *phase.Run[Order, Paid]) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO ledger (order_id, entry) VALUES (1, 'a')`); err != nil {
+				return err
+			}
+			for _, sql := range refused {
+				if _, err := tx.Exec(ctx, sql); err == nil {
+					return errors.New("the phase ran " + sql)
+				}
+				if _, err := tx.Query(ctx, sql); err == nil {
+					return errors.New("the phase queried " + sql)
+				}
+			}
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT onceflow_sp_1`); err != nil {
+				return errors.Join(errors.New("a rollback to a savepoint was refused"), err)
+			}
+			_ = sp
+			return workflow.Respond(workflow.Problem(418, "refused"))
+		}))
+	e := w.engine(workflow.Config{})
+	res, err := e.Run(w.ctx, acme, wf, order)
+	require.NoError(t, err)
+	require.Equal(t, 418, res.Response.Status, "every ending statement was refused")
+	require.Equal(t, 1, w.ledger())
+}
+
+// TestPhaseThatEndsItsTransactionFailsTheRecord: a COMMIT the guard cannot
+// see (the second statement of a string of several) ends the phase's
+// transaction with its writes committed and no recovery point. Running the
+// phase again would write twice, so the record fails terminally and no
+// retry runs anything; the writes are there once, even when the process
+// would have died right after the phase.
+//
+// Before the fix, the phase's writes were committed, its recovery point
+// was not, and the retry after a crash wrote them again.
+func TestPhaseThatEndsItsTransactionFailsTheRecord(t *testing.T) {
+	w := newWorld(t)
+	wf := workflow.Define("sneaky_commit",
+		phase.Atomic("write", func(ctx context.Context, tx pgx.Tx, _ *phase.Run[Order, Paid]) error {
+			_, err := tx.Exec(ctx, `INSERT INTO ledger (order_id, entry) VALUES (1, 'a'); COMMIT`)
+			return err
+		}),
+		foreignStep("after", func() error { return nil }))
+	crashed := true
+	e := w.engine(workflow.Config{Hooks: &workflow.Hooks{
+		CrashPoint: func(_ context.Context, _ workflow.Key, p workflow.CrashPoint) error {
+			if crashed && p.Kind == workflow.BeforeCommit {
+				return errors.New("process died")
+			}
+			return nil
+		}}})
+	res, err := e.Run(w.ctx, acme, wf, order)
+	if errors.Is(err, workflow.ErrCrashed) {
+		// The attempt got as far as its commit and died there: the retry
+		// below takes over.
+		require.NoError(t, e.Store().ExpireLease(w.ctx, acme))
+	} else {
+		require.NoError(t, err)
+		require.True(t, res.Failed, "the attempt found its transaction ended and failed the record")
+	}
+	crashed = false
+	res, err = e.Run(w.ctx, acme, wf, order)
+	require.NoError(t, err)
+	require.True(t, res.Failed)
+	require.Equal(t, 500, res.Response.Status)
+	require.Equal(t, 1, w.ledger(), "the phase's write was made once")
+}

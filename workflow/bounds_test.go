@@ -1,0 +1,106 @@
+package workflow_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/recovery"
+	"github.com/onceflow/onceflow/workflow"
+)
+
+// TestDuplicateDoesNotWaitForTheFirstPhase: while a request's first atomic
+// phase runs (its claim uncommitted, holding the key's row), a duplicate is
+// answered "in flight" at once, holding no connection for the phase's
+// length. The first phase here waits until the duplicate has its answer, so
+// a duplicate that waited for the phase would never get one: it would run
+// into its own deadline instead.
+//
+// Before the fix (migration 0006), the duplicate waited on the row lock.
+func TestDuplicateDoesNotWaitForTheFirstPhase(t *testing.T) {
+	w := newWorld(t)
+	entered, answered := make(chan struct{}), make(chan struct{})
+	wf := workflow.Define("slow_first_phase",
+		phase.Atomic("slow", func(ctx context.Context, tx pgx.Tx, _ *phase.Run[Order, Paid]) error {
+			close(entered)
+			select {
+			case <-answered:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}))
+	e := w.engine(workflow.Config{})
+	first := make(chan error, 1)
+	go func() {
+		_, err := e.Run(w.ctx, acme, wf, order)
+		first <- err
+	}()
+	<-entered
+	ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
+	defer cancel()
+	_, err := e.Run(ctx, acme, wf, order)
+	close(answered)
+	var inFlight *recovery.InFlightError
+	require.ErrorAs(t, err, &inFlight, "the duplicate is told the key is in flight")
+	require.Positive(t, inFlight.RetryAfter)
+	require.NoError(t, <-first)
+}
+
+// TestDBTimeoutBoundsTheClaim: a database that does not answer (its key
+// table locked by another session, or a pool with no connection to give)
+// makes Run return ErrUnavailable within Config.DBTimeout, running
+// nothing, instead of hanging.
+func TestDBTimeoutBoundsTheClaim(t *testing.T) {
+	w := newWorld(t)
+	var ran atomic.Int32
+	wf := workflow.Define("count",
+		phase.Atomic("count", func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error {
+			ran.Add(1)
+			return nil
+		}))
+	// The bound under test is short; the caller's own deadline is long, so
+	// that a hang shows as a test failure, not as a pass.
+	const bound = 300 * time.Millisecond
+	run := func(db workflow.DB) error {
+		e, err := workflow.NewEngine(db, workflow.Config{DBTimeout: bound})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
+		defer cancel()
+		_, err = e.Run(ctx, acme, wf, order)
+		return err
+	}
+
+	t.Run("locked table", func(t *testing.T) {
+		locker, err := w.db.Begin(w.ctx)
+		require.NoError(t, err)
+		defer func() { _ = locker.Rollback(w.ctx) }()
+		_, err = locker.Exec(w.ctx, `LOCK TABLE onceflow_keys IN ACCESS EXCLUSIVE MODE`)
+		require.NoError(t, err)
+		err = run(w.db)
+		require.ErrorIs(t, err, workflow.ErrUnavailable)
+		require.False(t, errors.Is(err, workflow.ErrInFlight), "a locked table is not a key in flight")
+	})
+
+	t.Run("full pool", func(t *testing.T) {
+		cfg := w.db.Config()
+		cfg.MaxConns = 1
+		small, err := pgxpool.NewWithConfig(w.ctx, cfg)
+		require.NoError(t, err)
+		defer small.Close()
+		held, err := small.Acquire(w.ctx)
+		require.NoError(t, err)
+		defer held.Release()
+		require.ErrorIs(t, run(small), workflow.ErrUnavailable)
+	})
+
+	require.Zero(t, ran.Load(), "nothing ran")
+	require.Zero(t, w.keys(), "nothing was written")
+}
