@@ -155,6 +155,9 @@ func encodePayload(p any) ([]byte, error) {
 //
 // Dedupe keys are unique per topic: a consumer of several topics whose keys
 // may coincide should name itself per topic ("receipts/email").
+//
+// sweeper.Pruner deletes these records after PrunerConfig.ProcessedRetention,
+// once no message with their dedupe key is pending or dead in the outbox.
 func (o *Outbox) Process(ctx context.Context, tx pgx.Tx, consumer, dedupeKey string, fn func() error) (bool, error) {
 	if err := recovery.CheckName("consumer", consumer); err != nil {
 		return false, err

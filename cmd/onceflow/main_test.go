@@ -222,10 +222,15 @@ func TestSweeperOnce(t *testing.T) {
 	seedKeys(t, url)
 	pool := dbtest.Connect(t, url, 2)
 	_, err := pool.Exec(context.Background(), `UPDATE onceflow_keys SET completed_at = now() - interval '3 hours' WHERE key = 'done';
-		UPDATE onceflow_keys SET locked_until = now() - interval '1 second' WHERE status = 'in_flight'`)
+		UPDATE onceflow_keys SET locked_until = now() - interval '1 second' WHERE status = 'in_flight';
+		INSERT INTO onceflow_processed (consumer, dedupe_key, processed_at) VALUES ('receipts', 'r1', now() - interval '3 hours')`)
 	require.NoError(t, err)
+	processed := func() (n int) {
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM onceflow_processed`).Scan(&n))
+		return n
+	}
 
-	r := onceflow(t, "sweeper", "--once", "--retention", "1h", "--database-url="+url)
+	r := onceflow(t, "sweeper", "--once", "--retention", "1h", "--processed-retention", "4h", "--database-url="+url)
 	require.Zero(t, r.code, r.stderr)
 	require.Contains(t, r.stderr, "pruned")
 	require.Contains(t, r.stderr, "abandoned records of a workflow this sweeper cannot resume")
@@ -233,6 +238,10 @@ func TestSweeperOnce(t *testing.T) {
 	var left int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM onceflow_keys`).Scan(&left))
 	require.Equal(t, 2, left, "the finished key is pruned; the two in flight stay")
+	require.Equal(t, 1, processed(), "--processed-retention keeps the processed record")
+	r = onceflow(t, "sweeper", "--once", "--retention", "1h", "--database-url="+url)
+	require.Zero(t, r.code, r.stderr)
+	require.Zero(t, processed(), "by default, kept as long as delivered messages")
 
 	fails(t, 2, "sweeper", "--once", "--retention", "-1h", "--database-url="+url)
 	unmigrated := dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true})
