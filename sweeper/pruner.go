@@ -174,10 +174,12 @@ DELETE FROM {schema}.onceflow_outbox WHERE id IN (
 // again: none with the dedupe key is pending or dead (a dedupe key is
 // unique per topic only, and a record does not say its topic, so a message
 // of any topic keeps it). A delivered message never goes back, so what the
-// check sees stays true until the delete commits.
+// check sees stays true until the delete commits. The rows are deleted by
+// their ctid, which their lock keeps: matching them by primary key instead
+// made the planner read the whole table to join.
 const pruneProcessedSQL = `
-DELETE FROM {schema}.onceflow_processed WHERE (consumer, dedupe_key) IN (
-    SELECT p.consumer, p.dedupe_key FROM {schema}.onceflow_processed p
+DELETE FROM {schema}.onceflow_processed WHERE ctid = ANY (ARRAY(
+    SELECT p.ctid FROM {schema}.onceflow_processed p
     WHERE p.processed_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
       AND NOT EXISTS (
           SELECT FROM {schema}.onceflow_outbox o
@@ -185,7 +187,7 @@ DELETE FROM {schema}.onceflow_processed WHERE (consumer, dedupe_key) IN (
     ORDER BY p.processed_at
     LIMIT $2
     FOR UPDATE OF p SKIP LOCKED
-)`
+))`
 
 // pruneAbandonedSQL deletes a batch of request-less keys in flight whose
 // lease ended before the cut-off (see AbandonedRetention).

@@ -73,3 +73,25 @@ func TestPrunerPrunesProcessedMessagesNoRedeliveryCanReach(t *testing.T) {
 	require.Equal(t, 2, stats.Delivered, "the revived message and the pending one")
 	require.Zero(t, effects.Load(), "both were processed before: no effect again")
 }
+
+// TestPrunerReadsProcessedRecordsByIndex: a batch of processed records is
+// found through the index on processed_at, oldest first, and each is
+// checked against the outbox through the index of undelivered messages,
+// not by reading either table whole.
+func TestPrunerReadsProcessedRecordsByIndex(t *testing.T) {
+	b := setup(t)
+	_, err := b.db.Exec(b.ctx, `
+		INSERT INTO onceflow_outbox (topic, dedupe_key, payload, status, delivered_at)
+		SELECT 'receipt', 'k-' || i, '{}', 'delivered', now() - interval '1 hour' FROM generate_series(1, 20000) i;
+		INSERT INTO onceflow_outbox (topic, dedupe_key, payload) SELECT 'receipt', 'p-' || i, '{}' FROM generate_series(1, 20) i;
+		INSERT INTO onceflow_processed (consumer, dedupe_key, processed_at)
+		SELECT 'receipts', 'k-' || i, now() - i * interval '10 seconds' FROM generate_series(1, 20000) i;
+		ANALYZE onceflow_outbox; ANALYZE onceflow_processed`)
+	require.NoError(t, err)
+	var plan string
+	require.NoError(t, b.db.QueryRow(b.ctx, `EXPLAIN (FORMAT JSON) `+sweeper.PruneProcessedSQL,
+		sweeper.RetentionDefault.Microseconds(), sweeper.PruneBatchDefault).Scan(&plan))
+	require.Contains(t, plan, `"Index Name": "onceflow_processed_at_idx"`)
+	require.Contains(t, plan, `"Index Name": "onceflow_outbox_undelivered_idx"`)
+	require.NotContains(t, plan, `"Seq Scan"`)
+}

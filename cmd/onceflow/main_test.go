@@ -79,22 +79,22 @@ func TestMigrate(t *testing.T) {
 		Applied bool   `json:"applied"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(ok(t, "migrate", "status", "--json", db)), &status))
-	require.Len(t, status, 5)
+	require.Len(t, status, 6)
 	require.False(t, status[0].Applied)
 
 	require.Equal(t, "applied 0001_keys\n", ok(t, "migrate", "up", "--to", "1", db))
-	require.Equal(t, "applied 0002_outbox\napplied 0003_fence\napplied 0004_lean_checks\napplied 0005_claim_function\n", ok(t, "migrate", "up", db))
+	require.Equal(t, "applied 0002_outbox\napplied 0003_fence\napplied 0004_lean_checks\napplied 0005_claim_function\napplied 0006_processed_retention\n", ok(t, "migrate", "up", db))
 	require.Equal(t, "nothing to do\n", ok(t, "migrate", "up", db))
 	table := ok(t, "migrate", "status", db)
 	require.Contains(t, table, "0002     outbox")
 	require.NotContains(t, table, " no\n")
 
-	require.Equal(t, "reverted 0005_claim_function\n", ok(t, "migrate", "down", db))
-	require.Equal(t, "reverted 0004_lean_checks\nreverted 0003_fence\nreverted 0002_outbox\nreverted 0001_keys\n", ok(t, "migrate", "down", "--to", "0", db))
+	require.Equal(t, "reverted 0006_processed_retention\n", ok(t, "migrate", "down", db))
+	require.Equal(t, "reverted 0005_claim_function\nreverted 0004_lean_checks\nreverted 0003_fence\nreverted 0002_outbox\nreverted 0001_keys\n", ok(t, "migrate", "down", "--to", "0", db))
 	require.Contains(t, fails(t, 1, "migrate", "up", "--to", "99", db), "invalid target version")
 
 	other := ok(t, "migrate", "up", "--schema", "idem", db)
-	require.Contains(t, other, "applied 0005_claim_function")
+	require.Contains(t, other, "applied 0006_processed_retention")
 }
 
 // seedKeys makes a completed key, one in flight and one stuck for hours.
