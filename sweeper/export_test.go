@@ -2,10 +2,10 @@ package sweeper
 
 import "github.com/onceflow/onceflow/internal/dbschema"
 
-// DueSQL is the completer's query for the default schema, for tests that
-// read its plan.
-var DueSQL = dbschema.Expand(dueSQL, dbschema.Default)
-
-// PruneProcessedSQL is the pruner's statement for processed records, for
-// the same tests.
-var PruneProcessedSQL = dbschema.Expand(pruneProcessedSQL, dbschema.Default)
+// Statements for the default schema, for tests that read their plans.
+var (
+	DueSQL            = dbschema.Expand(dueSQL, dbschema.Default)
+	PruneKeysSQL      = dbschema.Expand(pruneKeysSQL, dbschema.Default)
+	PruneOutboxSQL    = dbschema.Expand(pruneOutboxSQL, dbschema.Default)
+	PruneProcessedSQL = dbschema.Expand(pruneProcessedSQL, dbschema.Default)
+)

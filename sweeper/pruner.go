@@ -149,10 +149,15 @@ func (p *Pruner) Name() string { return "pruner" }
 // pruneKeysSQL deletes a batch of records finished before the retention.
 // A finished record never goes back in flight, and the WHERE clause says so
 // again at delete time. Rows another pruner holds are skipped.
+//
+// The prune statements take their cut-off from statement_timestamp(), not
+// clock_timestamp(): a stable value can bound the index scan (an Index
+// Cond), so the last batch of a run stops at the cut-off instead of reading
+// every row finished since. A few milliseconds of clock do not matter here.
 const pruneKeysSQL = `
 WITH doomed AS (
     SELECT tenant_id, key FROM {schema}.onceflow_keys
-    WHERE status <> 'in_flight' AND completed_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+    WHERE status <> 'in_flight' AND completed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
     ORDER BY completed_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -163,7 +168,7 @@ WHERE k.tenant_id = d.tenant_id AND k.key = d.key AND k.status <> 'in_flight'`
 const pruneOutboxSQL = `
 DELETE FROM {schema}.onceflow_outbox WHERE id IN (
     SELECT id FROM {schema}.onceflow_outbox
-    WHERE status = 'delivered' AND delivered_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+    WHERE status = 'delivered' AND delivered_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
     ORDER BY delivered_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -180,7 +185,7 @@ DELETE FROM {schema}.onceflow_outbox WHERE id IN (
 const pruneProcessedSQL = `
 DELETE FROM {schema}.onceflow_processed WHERE ctid = ANY (ARRAY(
     SELECT p.ctid FROM {schema}.onceflow_processed p
-    WHERE p.processed_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+    WHERE p.processed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
       AND NOT EXISTS (
           SELECT FROM {schema}.onceflow_outbox o
           WHERE o.dedupe_key = p.dedupe_key AND o.status <> 'delivered')

@@ -95,3 +95,28 @@ func TestPrunerReadsProcessedRecordsByIndex(t *testing.T) {
 	require.Contains(t, plan, `"Index Name": "onceflow_outbox_undelivered_idx"`)
 	require.NotContains(t, plan, `"Seq Scan"`)
 }
+
+// TestPrunerStopsAtTheCutOff: each prune statement reads its index only up
+// to the retention's cut-off, so a run with nothing left to prune reads
+// nothing, not every recent row.
+func TestPrunerStopsAtTheCutOff(t *testing.T) {
+	b := setup(t)
+	seed(t, b.db, 20_000, "completed", "1 hour")
+	_, err := b.db.Exec(b.ctx, `
+		INSERT INTO onceflow_outbox (topic, dedupe_key, payload, status, delivered_at)
+		SELECT 'receipt', 'k-' || i, '{}', 'delivered', now() - interval '1 hour' FROM generate_series(1, 20000) i;
+		INSERT INTO onceflow_processed (consumer, dedupe_key, processed_at)
+		SELECT 'receipts', 'k-' || i, now() - interval '1 hour' FROM generate_series(1, 20000) i;
+		ANALYZE onceflow_keys; ANALYZE onceflow_outbox; ANALYZE onceflow_processed`)
+	require.NoError(t, err)
+	for sql, column := range map[string]string{
+		sweeper.PruneKeysSQL: "completed_at", sweeper.PruneOutboxSQL: "delivered_at", sweeper.PruneProcessedSQL: "processed_at",
+	} {
+		var plan string
+		require.NoError(t, b.db.QueryRow(b.ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+sql,
+			sweeper.RetentionDefault.Microseconds(), sweeper.PruneBatchDefault).Scan(&plan))
+		require.Contains(t, plan, `"Index Cond": "(`+column+` <`, "the cut-off bounds the index scan")
+		require.NotContains(t, plan, `"Rows Removed by Filter": 20000`, "no recent row was read")
+	}
+	require.Equal(t, 20_000, b.count(t, `SELECT count(*) FROM onceflow_processed`))
+}
