@@ -146,42 +146,49 @@ func pruneStatements(cfg PrunerConfig, schema string) []pruneStatement {
 // Name is "pruner".
 func (p *Pruner) Name() string { return "pruner" }
 
-// pruneKeysSQL deletes a batch of records finished before the retention.
-// A finished record never goes back in flight, and the WHERE clause says so
-// again at delete time. Rows another pruner holds are skipped.
+// The prune statements share two habits, both for the planner:
 //
-// The prune statements take their cut-off from statement_timestamp(), not
-// clock_timestamp(): a stable value can bound the index scan (an Index
-// Cond), so the last batch of a run stops at the cut-off instead of reading
-// every row finished since. A few milliseconds of clock do not matter here.
+//   - Their cut-off is statement_timestamp(), not clock_timestamp(): a
+//     stable value can bound the index scan (an Index Cond), so the last
+//     batch of a run stops at the cut-off instead of reading every row
+//     finished since. A few milliseconds of clock do not matter here.
+//   - They lock a batch FOR UPDATE SKIP LOCKED (rows another pruner holds
+//     are skipped) and delete the rows they locked by ctid, a TID scan.
+//     Joining the batch back by key let the planner read the table whole
+//     to hash it, once a batch.
+//
+// A row updated after the statement's snapshot has a ctid the delete does
+// not see, so it is left alone for a later batch.
+
+// pruneKeysSQL deletes a batch of records finished before the retention.
+// A finished record never goes back in flight, and the delete says so
+// again.
 const pruneKeysSQL = `
-WITH doomed AS (
-    SELECT tenant_id, key FROM {schema}.onceflow_keys
+DELETE FROM {schema}.onceflow_keys WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM {schema}.onceflow_keys
     WHERE status <> 'in_flight' AND completed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
     ORDER BY completed_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-)
-DELETE FROM {schema}.onceflow_keys k USING doomed d
-WHERE k.tenant_id = d.tenant_id AND k.key = d.key AND k.status <> 'in_flight'`
+)) AND status <> 'in_flight'`
 
+// pruneOutboxSQL deletes a batch of messages delivered before the
+// retention. A delivered message never changes again.
 const pruneOutboxSQL = `
-DELETE FROM {schema}.onceflow_outbox WHERE id IN (
-    SELECT id FROM {schema}.onceflow_outbox
+DELETE FROM {schema}.onceflow_outbox WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM {schema}.onceflow_outbox
     WHERE status = 'delivered' AND delivered_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
     ORDER BY delivered_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-)`
+))`
 
 // pruneProcessedSQL deletes a batch of consumers' records of processed
 // messages older than the retention whose message no relay can deliver
 // again: none with the dedupe key is pending or dead (a dedupe key is
 // unique per topic only, and a record does not say its topic, so a message
 // of any topic keeps it). A delivered message never goes back, so what the
-// check sees stays true until the delete commits. The rows are deleted by
-// their ctid, which their lock keeps: matching them by primary key instead
-// made the planner read the whole table to join.
+// check sees stays true until the delete commits.
 const pruneProcessedSQL = `
 DELETE FROM {schema}.onceflow_processed WHERE ctid = ANY (ARRAY(
     SELECT p.ctid FROM {schema}.onceflow_processed p
@@ -195,16 +202,18 @@ DELETE FROM {schema}.onceflow_processed WHERE ctid = ANY (ARRAY(
 ))`
 
 // pruneAbandonedSQL deletes a batch of request-less keys in flight whose
-// lease ended before the cut-off (see AbandonedRetention).
+// lease ended before the cut-off (see AbandonedRetention), checked again
+// at delete time. It compares a lease, so with clock_timestamp(), as lease
+// arithmetic does everywhere; locked_until is not indexed anyway.
 const pruneAbandonedSQL = `
-DELETE FROM {schema}.onceflow_keys WHERE (tenant_id, key) IN (
-    SELECT tenant_id, key FROM {schema}.onceflow_keys
+DELETE FROM {schema}.onceflow_keys WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM {schema}.onceflow_keys
     WHERE status = 'in_flight' AND request IS NULL
       AND locked_until < clock_timestamp() - $1::bigint * interval '1 microsecond'
     ORDER BY created_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-) AND status = 'in_flight' AND request IS NULL
+)) AND status = 'in_flight' AND request IS NULL
   AND locked_until < clock_timestamp() - $1::bigint * interval '1 microsecond'`
 
 // Run prunes until nothing is due, ctx ends, or a statement fails other

@@ -74,26 +74,34 @@ func TestPrunerPrunesProcessedMessagesNoRedeliveryCanReach(t *testing.T) {
 	require.Zero(t, effects.Load(), "both were processed before: no effect again")
 }
 
-// TestPrunerReadsProcessedRecordsByIndex: a batch of processed records is
-// found through the index on processed_at, oldest first, and each is
-// checked against the outbox through the index of undelivered messages,
-// not by reading either table whole.
-func TestPrunerReadsProcessedRecordsByIndex(t *testing.T) {
+// TestPrunerBatchesReadOnlyWhatTheyDelete: with many rows due, a prune
+// batch finds them through an index, oldest first up to the batch size,
+// and deletes them without reading the table whole: processed records are
+// checked against the outbox through the index of undelivered messages.
+func TestPrunerBatchesReadOnlyWhatTheyDelete(t *testing.T) {
 	b := setup(t)
+	seed(t, b.db, 20_000, "completed", "2 days")
 	_, err := b.db.Exec(b.ctx, `
 		INSERT INTO onceflow_outbox (topic, dedupe_key, payload, status, delivered_at)
-		SELECT 'receipt', 'k-' || i, '{}', 'delivered', now() - interval '1 hour' FROM generate_series(1, 20000) i;
+		SELECT 'receipt', 'k-' || i, '{}', 'delivered', now() - interval '2 days' FROM generate_series(1, 20000) i;
 		INSERT INTO onceflow_outbox (topic, dedupe_key, payload) SELECT 'receipt', 'p-' || i, '{}' FROM generate_series(1, 20) i;
 		INSERT INTO onceflow_processed (consumer, dedupe_key, processed_at)
-		SELECT 'receipts', 'k-' || i, now() - i * interval '10 seconds' FROM generate_series(1, 20000) i;
-		ANALYZE onceflow_outbox; ANALYZE onceflow_processed`)
+		SELECT 'receipts', 'k-' || i, now() - interval '2 days' - i * interval '1 second' FROM generate_series(1, 20000) i;
+		ANALYZE onceflow_keys; ANALYZE onceflow_outbox; ANALYZE onceflow_processed`)
 	require.NoError(t, err)
-	var plan string
-	require.NoError(t, b.db.QueryRow(b.ctx, `EXPLAIN (FORMAT JSON) `+sweeper.PruneProcessedSQL,
-		sweeper.RetentionDefault.Microseconds(), sweeper.PruneBatchDefault).Scan(&plan))
-	require.Contains(t, plan, `"Index Name": "onceflow_processed_at_idx"`)
-	require.Contains(t, plan, `"Index Name": "onceflow_outbox_undelivered_idx"`)
-	require.NotContains(t, plan, `"Seq Scan"`)
+	for sql, indexes := range map[string][]string{
+		sweeper.PruneKeysSQL:      {"onceflow_keys_finished_idx"},
+		sweeper.PruneOutboxSQL:    {"onceflow_outbox_delivered_idx"},
+		sweeper.PruneProcessedSQL: {"onceflow_processed_at_idx", "onceflow_outbox_undelivered_idx"},
+	} {
+		var plan string
+		require.NoError(t, b.db.QueryRow(b.ctx, `EXPLAIN (FORMAT JSON) `+sql,
+			sweeper.RetentionDefault.Microseconds(), sweeper.PruneBatchDefault).Scan(&plan))
+		for _, index := range indexes {
+			require.Contains(t, plan, `"Index Name": "`+index+`"`)
+		}
+		require.NotContains(t, plan, `"Seq Scan"`)
+	}
 }
 
 // TestPrunerStopsAtTheCutOff: each prune statement reads its index only up
