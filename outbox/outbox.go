@@ -21,6 +21,27 @@ var ErrInvalidInput = recovery.ErrInvalidInput
 // ErrNotFound reports an unknown message id.
 var ErrNotFound = errors.New("outbox message not found")
 
+// ErrDuplicate reports a message that Enqueue did not write because a
+// message of its topic and dedupe key was enqueued before (it may be
+// delivered by now). Errors that match it are *DuplicateError values, which
+// name the message.
+var ErrDuplicate = errors.New("outbox message already enqueued")
+
+// DuplicateError names a message that Enqueue did not write because a
+// message of its topic and dedupe key was enqueued before. It matches
+// ErrDuplicate.
+type DuplicateError struct {
+	Topic     string
+	DedupeKey string
+}
+
+func (e *DuplicateError) Error() string {
+	return fmt.Sprintf("%v: topic %q, dedupe key %q", ErrDuplicate, e.Topic, e.DedupeKey)
+}
+
+// Is reports whether target is ErrDuplicate.
+func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
+
 // DBTX runs statements: a pgx.Tx (to enqueue with a business change), a
 // *pgxpool.Pool or a *pgx.Conn.
 type DBTX interface {
@@ -54,8 +75,9 @@ type Message struct {
 	// Topic selects the handler.
 	Topic string
 	// DedupeKey is stable per effect (for example "receipt:" and the order
-	// id): enqueueing the same topic and key again does nothing, and a
-	// consumer drops a redelivery by it.
+	// id): a message of the same topic and key is enqueued once (Enqueue
+	// reports a second one with ErrDuplicate), and a consumer drops a
+	// redelivery by it.
 	DedupeKey string
 	// Payload is encoded as JSON; a json.RawMessage is stored as given.
 	Payload any
@@ -64,9 +86,20 @@ type Message struct {
 }
 
 // Enqueue writes msgs with tx, normally the transaction of the business
-// change they belong to, so that they exist exactly when it does. A message
-// whose topic and dedupe key are already enqueued is skipped.
+// change they belong to, so that they exist exactly when it does.
+//
+// A message whose topic and dedupe key were enqueued before is not written
+// again: the first one stands, payload and all. Enqueue writes the other
+// messages and returns an error for each such message, a *DuplicateError
+// that matches ErrDuplicate (errors.Is), joined with errors.Join. The
+// statement does not fail, so tx can go on and commit; a caller that
+// expects to enqueue the same message again (a step that may run twice)
+// ignores ErrDuplicate, and any other caller has found two effects sharing
+// one dedupe key. Any other error (a message breaking the input rules,
+// ErrInvalidInput; a failed statement) is returned at once, and tx should
+// be rolled back.
 func (o *Outbox) Enqueue(ctx context.Context, tx DBTX, msgs ...Message) error {
+	var dups []error
 	for _, m := range msgs {
 		if err := recovery.CheckName("topic", m.Topic); err != nil {
 			return err
@@ -85,11 +118,15 @@ func (o *Outbox) Enqueue(ctx context.Context, tx DBTX, msgs ...Message) error {
 		if m.Headers == nil {
 			headers = []byte("{}")
 		}
-		if _, err := tx.Exec(ctx, o.sql.enqueue, m.Topic, m.DedupeKey, payload, headers); err != nil {
+		tag, err := tx.Exec(ctx, o.sql.enqueue, m.Topic, m.DedupeKey, payload, headers)
+		if err != nil {
 			return fmt.Errorf("enqueue %s message: %w", m.Topic, err)
 		}
+		if tag.RowsAffected() == 0 {
+			dups = append(dups, &DuplicateError{Topic: m.Topic, DedupeKey: m.DedupeKey})
+		}
 	}
-	return nil
+	return errors.Join(dups...)
 }
 
 func encodePayload(p any) ([]byte, error) {
@@ -118,6 +155,9 @@ func encodePayload(p any) ([]byte, error) {
 //
 // Dedupe keys are unique per topic: a consumer of several topics whose keys
 // may coincide should name itself per topic ("receipts/email").
+//
+// sweeper.Pruner deletes these records after PrunerConfig.ProcessedRetention,
+// once no message with their dedupe key is pending or dead in the outbox.
 func (o *Outbox) Process(ctx context.Context, tx pgx.Tx, consumer, dedupeKey string, fn func() error) (bool, error) {
 	if err := recovery.CheckName("consumer", consumer); err != nil {
 		return false, err

@@ -95,7 +95,6 @@ func TestEnqueueCommitsWithTheBusinessChange(t *testing.T) {
 	require.Empty(t, b.list(t, outbox.Filter{}), "rolled back with the transaction")
 
 	b.enqueue(t, receipt(1), receipt(2))
-	b.enqueue(t, receipt(1)) // the same effect again
 	got := b.list(t, outbox.Filter{})
 	require.Len(t, got, 2)
 	require.Equal(t, outbox.StatusPending, got[0].Status)
@@ -112,6 +111,36 @@ func TestEnqueueCommitsWithTheBusinessChange(t *testing.T) {
 		require.ErrorIs(t, err, outbox.ErrInvalidInput)
 	}
 	require.Len(t, b.list(t, outbox.Filter{}), 2, "nothing written for bad input")
+}
+
+// TestEnqueueReportsDuplicates: a message whose topic and dedupe key are
+// enqueued already is not written again, and the caller hears of it with an
+// error that names it; the other messages are written, and the caller's
+// transaction goes on and commits.
+func TestEnqueueReportsDuplicates(t *testing.T) {
+	b := setup(t)
+	b.enqueue(t, receipt(1))
+	again := receipt(1)
+	again.Payload = map[string]string{"order_id": "something else"}
+	sameKeyOtherTopic := outbox.Message{Topic: "sms", DedupeKey: again.DedupeKey, Payload: 1}
+	var err error
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.db, func(tx pgx.Tx) error {
+		err = b.ob.Enqueue(b.ctx, tx, receipt(2), again, sameKeyOtherTopic)
+		_, execErr := tx.Exec(b.ctx, `INSERT INTO receipts (order_id) VALUES ('the business change')`)
+		return execErr
+	}), "the transaction was not aborted")
+	require.ErrorIs(t, err, outbox.ErrDuplicate)
+	var dup *outbox.DuplicateError
+	require.ErrorAs(t, err, &dup)
+	require.Equal(t, outbox.DuplicateError{Topic: "receipt", DedupeKey: "receipt:order-1"}, *dup)
+	require.ErrorContains(t, err, `topic "receipt", dedupe key "receipt:order-1"`)
+
+	got := b.list(t, outbox.Filter{})
+	require.Len(t, got, 3, "the other messages were written")
+	require.JSONEq(t, `{"order_id":"order-1"}`, string(got[0].Payload), "the first message stays as it was")
+	require.Equal(t, "receipt:order-2", got[1].DedupeKey)
+	require.Equal(t, "sms", got[2].Topic, "a dedupe key is unique per topic")
+	require.Equal(t, 1, countRows(t, b, `SELECT count(*) FROM receipts`))
 }
 
 func TestRelayDeliversAndMarks(t *testing.T) {

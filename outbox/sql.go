@@ -10,6 +10,9 @@ const recordColumns = `id, topic, dedupe_key, payload, headers, status, attempts
 	created_at, delivered_at`
 
 const (
+	// enqueueSQL writes one message, or nothing when its topic and dedupe
+	// key exist: DO NOTHING rather than an error, which would abort the
+	// caller's transaction. Enqueue reads the rows affected.
 	enqueueSQL = `INSERT INTO {outbox} (topic, dedupe_key, payload, headers) VALUES ($1, $2, $3::json, $4::jsonb)
 ON CONFLICT (topic, dedupe_key) DO NOTHING`
 

@@ -58,6 +58,15 @@ type CompleterConfig struct {
 // flight whose lease expired, takes each over (fenced, with a new owner
 // token) and resumes it through the engine's registered workflows. Records
 // of workflows the engine does not know are reported, not touched.
+//
+// A record is due when its backoff has passed and its lease has ended:
+// run out (its process stopped) or handed back (its attempt failed). Each
+// run resumes at most BatchSize due records, in turns across tenants: the
+// longest-due record of every tenant, then the second of every tenant, and
+// so on; within a turn, the longest-due first. So records that keep
+// failing, however many one tenant has, cannot hold back another tenant's
+// crashed work, and within a tenant none waits behind records that became
+// due after it.
 type Completer struct {
 	db       DBTX
 	engine   *workflow.Engine
@@ -106,15 +115,28 @@ func NewCompleter(db DBTX, engine *workflow.Engine, cfg CompleterConfig) (*Compl
 // Name is "completer".
 func (c *Completer) Name() string { return "completer" }
 
-// dueSQL finds expired records of known workflows whose backoff has passed
-// (the doubling stops at 2^30, far past any cap). $1 workflows, $2 backoff
-// base and $3 backoff cap in microseconds, $4 limit.
+// dueSQL picks the batch of records of known workflows to resume, fairly
+// (see Completer). A record is due at the later of the end of its lease
+// ('-infinity' for a lease handed back) and its last update plus the
+// backoff (the doubling stops at 2^30, far past any cap). It ranks the due
+// records within each tenant by due time, and takes the first of every
+// tenant before the second of any, each rank in due order. Ranking reads
+// every due record in flight: the partial index onceflow_keys_in_flight_idx
+// keeps that to the records in flight, not the table. $1 workflows, $2
+// backoff base and $3 backoff cap in microseconds, $4 limit.
 const dueSQL = `
-SELECT tenant_id, key, workflow FROM {schema}.onceflow_keys
-WHERE status = 'in_flight' AND locked_until < clock_timestamp() AND workflow = ANY($1)
-  AND updated_at + least($2::bigint * power(2, least(attempts, 30)), $3::bigint) * interval '1 microsecond'
-      <= clock_timestamp()
-ORDER BY locked_until
+SELECT tenant_id, key, workflow FROM (
+    SELECT tenant_id, key, workflow, due_at,
+           row_number() OVER (PARTITION BY tenant_id ORDER BY due_at, key) AS turn
+    FROM (
+        SELECT tenant_id, key, workflow, greatest(locked_until, updated_at
+                   + least($2::bigint * power(2, least(attempts, 30)), $3::bigint) * interval '1 microsecond') AS due_at
+        FROM {schema}.onceflow_keys
+        WHERE status = 'in_flight' AND locked_until < clock_timestamp() AND workflow = ANY($1)
+    ) expired
+    WHERE due_at <= clock_timestamp()
+) due
+ORDER BY turn, due_at, tenant_id, key
 LIMIT $4`
 
 // abandonedSQL counts expired records no known workflow can resume.

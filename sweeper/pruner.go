@@ -49,6 +49,17 @@ type PrunerConfig struct {
 	// means Retention; -1 keeps them. Dead messages are always kept.
 	OutboxRetention time.Duration
 
+	// ProcessedRetention is how long a consumer's record of a processed
+	// message (outbox.Process) is kept. 0 means OutboxRetention; -1 keeps
+	// them. A record older than this is deleted only when no redelivery of
+	// its message can come from this schema's outbox: no message with its
+	// dedupe key is pending, or dead (an operator may revive it with
+	// onceflow outbox retry). For consumers of messages relayed from another
+	// database, which this check cannot see, make it longer than a message
+	// may wait there. A message enqueued with the dedupe key after both it
+	// and the record are pruned is a new effect.
+	ProcessedRetention time.Duration
+
 	// AbandonedRetention, when positive, also deletes keys in flight that
 	// store no request (the HTTP middleware's claims, which nothing can
 	// resume) whose lease ended longer ago than this: their client gave up,
@@ -76,13 +87,17 @@ type PrunerConfig struct {
 // Pruner deletes records that finished longer ago than the retention, in
 // bounded, time-boxed batches. It never touches a record in flight.
 type Pruner struct {
-	db        DBTX
-	cfg       PrunerConfig
-	keys      string
-	outbox    string
-	abandoned string
-	logger    *slog.Logger
-	observer  Observer
+	db         DBTX
+	cfg        PrunerConfig
+	statements []pruneStatement
+	logger     *slog.Logger
+	observer   Observer
+}
+
+// pruneStatement deletes a batch of rows of table older than retention.
+type pruneStatement struct {
+	table, sql string
+	retention  time.Duration
 }
 
 // NewPruner returns a pruner.
@@ -93,6 +108,7 @@ func NewPruner(db DBTX, cfg PrunerConfig) (*Pruner, error) {
 	}
 	cfg.Retention = cmp.Or(cfg.Retention, RetentionDefault)
 	cfg.OutboxRetention = cmp.Or(cfg.OutboxRetention, cfg.Retention)
+	cfg.ProcessedRetention = cmp.Or(cfg.ProcessedRetention, cfg.OutboxRetention)
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, PruneBatchDefault)
 	cfg.QueryTimeout = cmp.Or(cfg.QueryTimeout, QueryTimeoutDefault)
 	cfg.Pause = cmp.Or(cfg.Pause, PauseDefault)
@@ -100,71 +116,115 @@ func NewPruner(db DBTX, cfg PrunerConfig) (*Pruner, error) {
 		return nil, errors.New("sweeper: pruner retention, batch size and query timeout must be positive")
 	}
 	return &Pruner{
-		db:        db,
-		cfg:       cfg,
-		keys:      dbschema.Expand(pruneKeysSQL, schema),
-		outbox:    dbschema.Expand(pruneOutboxSQL, schema),
-		abandoned: dbschema.Expand(pruneAbandonedSQL, schema),
-		logger:    cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
-		observer:  cfg.Observer,
+		db:         db,
+		cfg:        cfg,
+		statements: pruneStatements(cfg, schema),
+		logger:     cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		observer:   cfg.Observer,
 	}, nil
+}
+
+// pruneStatements lists what a run prunes, in order, leaving out what cfg
+// keeps.
+func pruneStatements(cfg PrunerConfig, schema string) []pruneStatement {
+	all := []pruneStatement{
+		{"onceflow_keys", pruneKeysSQL, cfg.Retention},
+		{"onceflow_keys", pruneAbandonedSQL, cfg.AbandonedRetention},
+		{"onceflow_outbox", pruneOutboxSQL, cfg.OutboxRetention},
+		{"onceflow_processed", pruneProcessedSQL, cfg.ProcessedRetention},
+	}
+	var kept []pruneStatement
+	for _, st := range all {
+		if st.retention > 0 {
+			st.sql = dbschema.Expand(st.sql, schema)
+			kept = append(kept, st)
+		}
+	}
+	return kept
 }
 
 // Name is "pruner".
 func (p *Pruner) Name() string { return "pruner" }
 
+// The prune statements share two habits, both for the planner:
+//
+//   - Their cut-off is statement_timestamp(), not clock_timestamp(): a
+//     stable value can bound the index scan (an Index Cond), so the last
+//     batch of a run stops at the cut-off instead of reading every row
+//     finished since. A few milliseconds of clock do not matter here.
+//   - They lock a batch FOR UPDATE SKIP LOCKED (rows another pruner holds
+//     are skipped) and delete the rows they locked by ctid, a TID scan.
+//     Joining the batch back by key let the planner read the table whole
+//     to hash it, once a batch.
+//
+// A row updated after the statement's snapshot has a ctid the delete does
+// not see, so it is left alone for a later batch.
+
 // pruneKeysSQL deletes a batch of records finished before the retention.
-// A finished record never goes back in flight, and the WHERE clause says so
-// again at delete time. Rows another pruner holds are skipped.
+// A finished record never goes back in flight, and the delete says so
+// again.
 const pruneKeysSQL = `
-WITH doomed AS (
-    SELECT tenant_id, key FROM {schema}.onceflow_keys
-    WHERE status <> 'in_flight' AND completed_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+DELETE FROM {schema}.onceflow_keys WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM {schema}.onceflow_keys
+    WHERE status <> 'in_flight' AND completed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
     ORDER BY completed_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-)
-DELETE FROM {schema}.onceflow_keys k USING doomed d
-WHERE k.tenant_id = d.tenant_id AND k.key = d.key AND k.status <> 'in_flight'`
+)) AND status <> 'in_flight'`
 
+// pruneOutboxSQL deletes a batch of messages delivered before the
+// retention. A delivered message never changes again.
 const pruneOutboxSQL = `
-DELETE FROM {schema}.onceflow_outbox WHERE id IN (
-    SELECT id FROM {schema}.onceflow_outbox
-    WHERE status = 'delivered' AND delivered_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+DELETE FROM {schema}.onceflow_outbox WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM {schema}.onceflow_outbox
+    WHERE status = 'delivered' AND delivered_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
     ORDER BY delivered_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-)`
+))`
+
+// pruneProcessedSQL deletes a batch of consumers' records of processed
+// messages older than the retention whose message no relay can deliver
+// again: none with the dedupe key is pending or dead (a dedupe key is
+// unique per topic only, and a record does not say its topic, so a message
+// of any topic keeps it). A delivered message never goes back, so what the
+// check sees stays true until the delete commits.
+const pruneProcessedSQL = `
+DELETE FROM {schema}.onceflow_processed WHERE ctid = ANY (ARRAY(
+    SELECT p.ctid FROM {schema}.onceflow_processed p
+    WHERE p.processed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
+      AND NOT EXISTS (
+          SELECT FROM {schema}.onceflow_outbox o
+          WHERE o.dedupe_key = p.dedupe_key AND o.status <> 'delivered')
+    ORDER BY p.processed_at
+    LIMIT $2
+    FOR UPDATE OF p SKIP LOCKED
+))`
 
 // pruneAbandonedSQL deletes a batch of request-less keys in flight whose
-// lease ended before the cut-off (see AbandonedRetention).
+// lease ended before the cut-off (see AbandonedRetention), checked again
+// at delete time. It compares a lease, so with clock_timestamp(), as lease
+// arithmetic does everywhere; locked_until is not indexed anyway.
 const pruneAbandonedSQL = `
-DELETE FROM {schema}.onceflow_keys WHERE (tenant_id, key) IN (
-    SELECT tenant_id, key FROM {schema}.onceflow_keys
+DELETE FROM {schema}.onceflow_keys WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM {schema}.onceflow_keys
     WHERE status = 'in_flight' AND request IS NULL
       AND locked_until < clock_timestamp() - $1::bigint * interval '1 microsecond'
     ORDER BY created_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-) AND status = 'in_flight' AND request IS NULL
+)) AND status = 'in_flight' AND request IS NULL
   AND locked_until < clock_timestamp() - $1::bigint * interval '1 microsecond'`
 
 // Run prunes until nothing is due, ctx ends, or a statement fails other
 // than by timing out.
 func (p *Pruner) Run(ctx context.Context) error {
-	if _, err := p.prune(ctx, "onceflow_keys", p.keys, p.cfg.Retention); err != nil {
-		return err
-	}
-	if p.cfg.AbandonedRetention > 0 {
-		if _, err := p.prune(ctx, "onceflow_keys", p.abandoned, p.cfg.AbandonedRetention); err != nil {
+	for _, st := range p.statements {
+		if _, err := p.prune(ctx, st.table, st.sql, st.retention); err != nil {
 			return err
 		}
 	}
-	if p.cfg.OutboxRetention < 0 {
-		return nil
-	}
-	_, err := p.prune(ctx, "onceflow_outbox", p.outbox, p.cfg.OutboxRetention)
-	return err
+	return nil
 }
 
 func (p *Pruner) prune(ctx context.Context, table, sql string, retention time.Duration) (int, error) {

@@ -117,9 +117,15 @@ func setup(t *testing.T) *bundle {
 	return b
 }
 
-// abandon runs n checkouts that each stop right after the charge, as a
-// process death would, and ends their leases.
+// abandon runs n checkouts of tenant acme that each stop right after the
+// charge, as a process death would, and ends their leases.
 func (b *bundle) abandon(t *testing.T, n int) []workflow.Key {
+	t.Helper()
+	return b.abandonIn(t, "acme", n)
+}
+
+// abandonIn is abandon for tenant's checkouts; it ends their leases only.
+func (b *bundle) abandonIn(t *testing.T, tenant string, n int) []workflow.Key {
 	t.Helper()
 	e, err := workflow.NewEngine(b.db, workflow.Config{Hooks: &workflow.Hooks{
 		CrashPoint: func(_ context.Context, _ workflow.Key, p workflow.CrashPoint) error {
@@ -132,11 +138,12 @@ func (b *bundle) abandon(t *testing.T, n int) []workflow.Key {
 	require.NoError(t, err)
 	keys := make([]workflow.Key, n)
 	for i := range n {
-		keys[i] = workflow.Key{Tenant: "acme", ID: fmt.Sprintf("abandoned-%03d", i)}
+		keys[i] = workflow.Key{Tenant: tenant, ID: fmt.Sprintf("abandoned-%03d", i)}
 		_, err := e.Run(b.ctx, keys[i], b.checkout, Order{Amount: int64(100 + i)})
 		require.ErrorIs(t, err, workflow.ErrCrashed)
 	}
-	_, err = b.db.Exec(b.ctx, `UPDATE onceflow_keys SET locked_until = clock_timestamp() - interval '1 second'`)
+	_, err = b.db.Exec(b.ctx, `UPDATE onceflow_keys SET locked_until = clock_timestamp() - interval '1 second'
+		WHERE tenant_id = $1`, tenant)
 	require.NoError(t, err)
 	return keys
 }

@@ -18,6 +18,7 @@ import (
 type sweeperFlags struct {
 	pruneEvery, reportEvery string
 	retention, outboxRet    time.Duration
+	processedRet            time.Duration
 	abandonedRet            time.Duration
 	batchSize               int
 	metricsAddr             string
@@ -30,7 +31,8 @@ func newSweeper(opts *options) *cobra.Command {
 		Use:   "sweeper",
 		Short: "Prune finished keys and report abandoned ones, until stopped",
 		Long: `sweeper runs the maintenance that needs no workflow code: it prunes keys that
-finished longer ago than the retention (and delivered outbox messages), and reports
+finished longer ago than the retention (and delivered outbox messages, and consumers'
+records of processed messages that no redelivery can reach any more), and reports
 records in flight whose lease expired, which the binary holding their workflows must
 resume (its own sweeper.Completer does). Metrics and a health check are served on
 --metrics-addr. SIGINT or SIGTERM stops it gracefully.
@@ -45,6 +47,8 @@ Schedules are cron specs ("*/5 * * * *") or descriptors ("@every 1m", "@hourly")
 	cmd.Flags().StringVar(&f.reportEvery, "report-every", "@every 30s", "when to report abandoned records and the oldest in flight")
 	cmd.Flags().DurationVar(&f.retention, "retention", sweeper.RetentionDefault, "keep finished keys this long")
 	cmd.Flags().DurationVar(&f.outboxRet, "outbox-retention", 0, "keep delivered outbox messages this long (default: --retention; -1ns keeps them)")
+	cmd.Flags().DurationVar(&f.processedRet, "processed-retention", 0,
+		"keep consumers' records of processed outbox messages this long, and while a message with their dedupe key is pending or dead (default: --outbox-retention; -1ns keeps them)")
 	cmd.Flags().DurationVar(&f.abandonedRet, "abandoned-retention", 0,
 		"also delete keys in flight that store no request (HTTP middleware claims) whose lease ended longer ago than this (default: keep them)")
 	cmd.Flags().IntVar(&f.batchSize, "batch-size", sweeper.PruneBatchDefault, "rows one prune statement deletes at most")
@@ -65,7 +69,8 @@ func runSweeper(ctx context.Context, opts *options, f sweeperFlags) error {
 	logger := slog.New(slog.NewTextHandler(opts.stderr, nil))
 	m := metrics.New()
 	pruner, err := sweeper.NewPruner(db, sweeper.PrunerConfig{Schema: opts.schema, Retention: f.retention,
-		OutboxRetention: f.outboxRet, AbandonedRetention: f.abandonedRet, BatchSize: f.batchSize, Logger: logger, Observer: m})
+		OutboxRetention: f.outboxRet, ProcessedRetention: f.processedRet, AbandonedRetention: f.abandonedRet,
+		BatchSize: f.batchSize, Logger: logger, Observer: m})
 	if err != nil {
 		return usageError{err}
 	}

@@ -1,0 +1,2 @@
+DROP INDEX {schema}.onceflow_outbox_undelivered_idx;
+DROP INDEX {schema}.onceflow_processed_at_idx;
