@@ -89,7 +89,7 @@ func (p *Proxy) Arm(r Rule) *Armed {
 	if r.Match == nil || (r.Fault != LoseAcknowledgement && r.Fault != LoseRequest) {
 		panic("pgproxy: a rule needs a Match and a Fault")
 	}
-	a := &Armed{rule: r, left: max(r.Times, 1)}
+	a := &Armed{rule: r, skip: r.Skip, left: max(r.Times, 1)}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.rules = append(p.rules, a)
@@ -102,15 +102,27 @@ func (p *Proxy) match(sql string) *Armed {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, a := range p.rules {
-		if a.rule.Match(sql) {
-			a.left--
-			if a.left == 0 {
-				p.rules = slices.Delete(p.rules, i, i+1)
-			}
-			return a
+		if !a.rule.Match(sql) {
+			continue
 		}
+		if a.skip > 0 {
+			a.skip--
+			continue
+		}
+		a.left--
+		if a.left == 0 {
+			p.rules = slices.Delete(p.rules, i, i+1)
+		}
+		return a
 	}
 	return nil
+}
+
+// Disarm takes a out of force, whether it fired or not.
+func (p *Proxy) Disarm(a *Armed) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rules = slices.DeleteFunc(p.rules, func(r *Armed) bool { return r == a })
 }
 
 // Close stops the proxy: it closes the listener and every connection, and

@@ -36,6 +36,9 @@ type Rule struct {
 	// ones.
 	Match func(sql string) bool
 	Fault Fault
+	// Skip is how many matching statements pass before the rule faults
+	// one: 0 faults the first.
+	Skip int
 	// Times is how many matching statements the rule faults; 0 means 1.
 	Times int
 }
@@ -43,6 +46,7 @@ type Rule struct {
 // Armed is a rule in force, and how often it has fired.
 type Armed struct {
 	rule  Rule
+	skip  int // matches still to let pass, guarded by the proxy's lock
 	left  int // matches still to fault, guarded by the proxy's lock
 	fired atomic.Int64
 }
