@@ -28,11 +28,18 @@ type bundle struct {
 	direct  *pgxpool.Pool // for the assertions: never faulted
 	proxy   *pgproxy.Proxy
 	proxied string // the database's URL through the proxy
+	dbURL   string // the database's URL (through PgBouncer when the tests use it)
 }
 
+// setup makes t's bundle and runs t in parallel with the others.
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	t.Parallel()
+	return newBundle(t)
+}
+
+func newBundle(t *testing.T) *bundle {
+	t.Helper()
 	dbURL := dbtest.NewDatabase(t, dbtest.Options{})
 	direct := dbtest.Connect(t, dbURL, 4)
 	proxy, proxied := pgproxy.Start(t, dbURL)
@@ -40,7 +47,7 @@ func setup(t *testing.T) *bundle {
 	// the deadline turns that into a failure.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	b := &bundle{t: t, ctx: ctx, direct: direct, proxy: proxy, proxied: proxied}
+	b := &bundle{t: t, ctx: ctx, direct: direct, proxy: proxy, proxied: proxied, dbURL: dbURL}
 	_, err := direct.Exec(b.ctx, `CREATE TABLE ledger (n int NOT NULL)`)
 	require.NoError(t, err)
 	return b
@@ -193,16 +200,19 @@ func TestRuleSkipsThenFiresTimes(t *testing.T) {
 func TestCancelRequestReachesTheServer(t *testing.T) {
 	b := setup(t)
 	conn := b.connect()
-	pid := conn.PgConn().PID()
+	// PostgreSQL itself says when the query runs: behind PgBouncer, the
+	// client's backend PID is PgBouncer's own.
+	server := dbtest.Connect(t, dbtest.DirectURL(t, b.dbURL), 1)
+	const sleep = `SELECT pg_sleep(60) -- to cancel`
 	done := make(chan error, 1)
 	go func() {
-		_, err := conn.Exec(b.ctx, `SELECT pg_sleep(60)`)
+		_, err := conn.Exec(b.ctx, sleep)
 		done <- err
 	}()
 	require.Eventually(t, func() bool {
 		var n int
-		err := b.direct.QueryRow(b.ctx,
-			`SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'active'`, pid).Scan(&n)
+		err := server.QueryRow(b.ctx,
+			`SELECT count(*) FROM pg_stat_activity WHERE query = $1 AND state = 'active'`, sleep).Scan(&n)
 		return err == nil && n == 1
 	}, 30*time.Second, 10*time.Millisecond, "the query runs")
 	require.NoError(t, conn.PgConn().CancelRequest(b.ctx))
@@ -212,9 +222,10 @@ func TestCancelRequestReachesTheServer(t *testing.T) {
 }
 
 // TestCloseEndsEveryConnection: Close ends the connections through the
-// proxy and every goroutine the proxy started.
+// proxy and every goroutine the proxy started. It does not run in parallel:
+// the other tests' proxies would be in the goroutine check.
 func TestCloseEndsEveryConnection(t *testing.T) {
-	b := setup(t)
+	b := newBundle(t)
 	idle := b.connect()
 	busy := b.connect()
 	done := make(chan error, 1)
