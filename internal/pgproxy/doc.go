@@ -23,9 +23,9 @@
 //   - [LoseAcknowledgement] forwards the statement and the rest of its round
 //     trip (up to its Sync, or the Query itself), waits for the server's
 //     ReadyForQuery that ends it — the server has run, and committed,
-//     everything in it — and closes the client's connection without
-//     forwarding any reply of that round trip. The client sees an error;
-//     the work is done.
+//     everything in it — and closes both connections without forwarding
+//     any reply of that round trip. The client sees an error; the work is
+//     done (a transaction the round trip left open rolls back).
 //   - [LoseRequest] closes both connections before the statement (and
 //     anything after it) reaches the server. The client sees the same error;
 //     nothing of the round trip's end was run, and an open transaction
