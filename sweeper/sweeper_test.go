@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -207,58 +208,326 @@ func TestPrunerGivesUpOnPersistentTimeouts(t *testing.T) {
 	require.Equal(t, 50, b.count(t, `SELECT count(*) FROM onceflow_keys`))
 }
 
-// TestPruningWhileClaiming: 100k expired records are pruned while claims
-// continue; no claim fails and no record in flight is touched.
-func TestPruningWhileClaiming(t *testing.T) {
-	b := setup(t)
-	seed(t, b.db, 100_000, "completed", "2 days")
-	seed(t, b.db, 500, "in_flight", "2 days")
-	inFlightBefore := versions(t, b.db, `WHERE status = 'in_flight'`)
-	store, err := recovery.New(b.db, recovery.Config{})
-	require.NoError(t, err)
+// seedInterleaved is TestPruningWhileClaiming's table: $1 records of
+// tenant "t", keys "k-000000"… in the order of i, each of a kind by i % 8,
+// so that every kind neighbours the others in key order:
+//
+//   - due (0–4): finished two days ago, the pruner's work, in key order;
+//   - recent (5): created two days ago but finished an hour ago (resumed
+//     late, say): kept for the retention after finishing;
+//   - held (6): in flight with an hour of lease left;
+//   - expiring (7): in flight, its lease ended by hand while the pruner runs.
+//
+// Half the records in flight carry a completed_at among the due ones' (the
+// schema no longer forbids it, since migration 0004): the pruner must go by
+// status, not by that timestamp. The table seeded keeps each key's kind and
+// first record id; pruned_log, the id and status of every row deleted.
+var seedInterleaved = []string{`
+CREATE TABLE seeded AS
+SELECT i, 'k-' || lpad(i::text, 6, '0') AS key, gen_random_uuid() AS id,
+    (ARRAY['due', 'due', 'due', 'due', 'due', 'recent', 'held', 'expiring'])[i % 8 + 1] AS kind
+FROM generate_series(0, $1 - 1) i`, `
+INSERT INTO onceflow_keys (tenant_id, key, id, workflow, request_hash, owner, status, locked_until,
+    response_status, response_body, created_at, updated_at, completed_at)
+SELECT 't', s.key, s.id, 'op', $1, gen_random_uuid(),
+    CASE WHEN s.kind IN ('due', 'recent') THEN 'completed' ELSE 'in_flight' END,
+    CASE WHEN s.kind IN ('held', 'expiring') THEN clock_timestamp() + interval '1 hour' END,
+    CASE WHEN s.kind IN ('due', 'recent') THEN 200 END,
+    CASE WHEN s.kind IN ('due', 'recent') THEN 'seeded'::bytea END,
+    o.old, o.old,
+    CASE WHEN s.kind = 'recent' THEN now() - interval '1 hour'
+         WHEN s.kind = 'due' OR (s.i / 8) % 2 = 0 THEN o.old + s.i * interval '1 millisecond' END
+FROM seeded s, (SELECT now() - interval '2 days' AS old) o`, `
+CREATE TABLE pruned_log (id uuid PRIMARY KEY, status text NOT NULL);
+CREATE FUNCTION log_pruned() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO pruned_log SELECT id, status FROM gone;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER log_pruned AFTER DELETE ON onceflow_keys REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION log_pruned()`}
 
-	pruned := make(chan error, 1)
-	pruner, err := sweeper.NewPruner(b.db, sweeper.PrunerConfig{BatchSize: 2000, Pause: time.Millisecond})
-	require.NoError(t, err)
-	started := time.Now()
-	go func() { pruned <- pruner.Run(b.ctx) }()
+// seededKey is a row of the table seeded.
+type seededKey struct {
+	key  string
+	id   uuid.UUID
+	kind string
+}
 
-	var (
-		wg     sync.WaitGroup
-		claims atomic.Int64
-		failed atomic.Int64
-		done   atomic.Bool
-	)
-	for w := range 4 {
+// pruneRace is TestPruningWhileClaiming's clients and what they saw.
+type pruneRace struct {
+	ctx   context.Context
+	db    *pgxpool.Pool
+	store *recovery.Store
+	fp    recovery.Fingerprint
+
+	expired atomic.Bool // the expiring keys' leases have ended
+	done    atomic.Bool // the pruner has returned
+
+	reclaimed, takenOver                  atomic.Int64
+	firstReclaim, firstTakeover           chan struct{}
+	reclaimOnce, takeoverOnce, expireOnce sync.Once
+
+	mu       sync.Mutex
+	problems []string
+	failed   chan struct{} // closed at the first problem
+}
+
+// problem notes a claim that went wrong.
+func (r *pruneRace) problem(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.problems = append(r.problems, err.Error()); len(r.problems) == 1 {
+		close(r.failed)
+	}
+}
+
+// expire ends the leases of the expiring keys, once.
+func (r *pruneRace) expire() {
+	r.expireOnce.Do(func() {
+		_, err := r.db.Exec(r.ctx, `UPDATE onceflow_keys SET locked_until = clock_timestamp() - interval '1 millisecond'
+			WHERE key IN (SELECT key FROM seeded WHERE kind = 'expiring')`)
+		if err != nil {
+			r.problem(fmt.Errorf("expire leases: %w", err))
+		}
+		r.expired.Store(true)
+	})
+}
+
+// afterFirstBatch ends the expiring leases, then waits until a key has been
+// reused and a record taken over. It reports whether both happened.
+func (r *pruneRace) afterFirstBatch() bool {
+	r.expire()
+	for _, first := range []chan struct{}{r.firstReclaim, r.firstTakeover} {
+		select {
+		case <-first:
+		case <-r.failed:
+			return false
+		case <-time.After(time.Minute):
+			r.problem(errors.New("no key was reused or taken over after the first batch"))
+			return false
+		}
+	}
+	return true
+}
+
+// visitAll visits keys from workers goroutines, each taking every
+// workers-th group of eight, in key order, and returns a wait for them.
+func (r *pruneRace) visitAll(keys []seededKey, workers int) (wait func()) {
+	var wg sync.WaitGroup
+	for w := range workers {
 		wg.Go(func() {
-			for i := 0; !done.Load(); i++ {
-				key := recovery.Key{Tenant: "live", ID: fmt.Sprintf("w%d-%d", w, i)}
-				rec, outcome, err := store.Claim(b.ctx, recovery.ClaimParams{Key: key, Workflow: "op",
-					Fingerprint: recovery.FingerprintBytes("op", nil)})
-				if err != nil || outcome != recovery.OutcomeNew {
-					failed.Add(1)
+			for i, s := range keys {
+				if (i/8)%workers != w {
 					continue
 				}
-				if err := store.Complete(b.ctx, rec.Fence(), recovery.Response{Status: 200}); err != nil {
-					failed.Add(1)
-					continue
+				if err := r.visit(s); err != nil {
+					r.problem(err)
 				}
-				claims.Add(1)
 			}
 		})
 	}
-	require.NoError(t, <-pruned)
-	took := time.Since(started)
-	done.Store(true)
-	wg.Wait()
+	return wg.Wait
+}
 
-	t.Logf("pruned 100000 records in %s (%.0f rows/s) while %d claims completed", took.Round(time.Millisecond),
-		100_000/took.Seconds(), claims.Load())
-	require.Zero(t, failed.Load(), "every claim succeeded during pruning")
-	require.Positive(t, claims.Load())
-	require.Zero(t, b.count(t, `SELECT count(*) FROM onceflow_keys WHERE tenant_id = 'seed' AND status = 'completed'`))
-	require.Equal(t, inFlightBefore, versions(t, b.db, `WHERE status = 'in_flight'`))
-	require.EqualValues(t, claims.Load(), b.count(t, `SELECT count(*) FROM onceflow_keys WHERE tenant_id = 'live'`))
+func (r *pruneRace) claim(key string) (*recovery.Record, recovery.Outcome, error) {
+	return r.store.Claim(r.ctx, recovery.ClaimParams{Key: recovery.Key{Tenant: "t", ID: key}, Workflow: "op",
+		Fingerprint: r.fp})
+}
+
+// visit claims s.key as a client would and checks the answer against its
+// kind.
+func (r *pruneRace) visit(s seededKey) error {
+	switch s.kind {
+	case "due":
+		return r.reuse(s)
+	case "expiring":
+		return r.takeOver(s)
+	case "held":
+		if _, outcome, err := r.claim(s.key); !errors.Is(err, recovery.ErrInFlight) {
+			return fmt.Errorf("%s (held): claim gave %v, %v; want in flight", s.key, outcome, err)
+		}
+	case "recent":
+		rec, outcome, err := r.claim(s.key)
+		if err != nil || outcome != recovery.OutcomeReplay || rec.ID != s.id {
+			return fmt.Errorf("%s (recent): claim gave %v, %v; want a replay of its record", s.key, outcome, err)
+		}
+	}
+	return nil
+}
+
+// reuse claims a due key until its record is pruned, then checks that the
+// key starts a new record that never gives way to the pruned one.
+func (r *pruneRace) reuse(s seededKey) error {
+	for {
+		pruned := r.done.Load()
+		rec, outcome, err := r.claim(s.key)
+		if err != nil {
+			return fmt.Errorf("%s (due): claim: %w", s.key, err)
+		}
+		if outcome == recovery.OutcomeNew {
+			if rec.ID == s.id {
+				return fmt.Errorf("%s (due): the new record has the pruned one's id", s.key)
+			}
+			return r.finishNew(s, rec)
+		}
+		if outcome != recovery.OutcomeReplay || rec.ID != s.id || string(rec.Response.Body) != "seeded" {
+			return fmt.Errorf("%s (due): claim gave %v of record %s, want a replay of %s or a new record",
+				s.key, outcome, rec.ID, s.id)
+		}
+		if pruned {
+			return fmt.Errorf("%s (due): the pruner returned and the record is still there", s.key)
+		}
+	}
+}
+
+// finishNew checks that a new record holds its key, completes it, and
+// checks that the key now replays it.
+func (r *pruneRace) finishNew(s seededKey, rec *recovery.Record) error {
+	r.reclaimed.Add(1)
+	if _, outcome, err := r.claim(s.key); !errors.Is(err, recovery.ErrInFlight) {
+		return fmt.Errorf("%s (reused): a second claim gave %v, %v; want in flight", s.key, outcome, err)
+	}
+	if err := r.store.Complete(r.ctx, rec.Fence(), recovery.Response{Status: 201, Body: []byte("new")}); err != nil {
+		return fmt.Errorf("%s (reused): complete: %w", s.key, err)
+	}
+	again, outcome, err := r.claim(s.key)
+	if err != nil || outcome != recovery.OutcomeReplay || again.ID != rec.ID || string(again.Response.Body) != "new" {
+		return fmt.Errorf("%s (reused): claim gave %v, %v; want a replay of the new record", s.key, outcome, err)
+	}
+	r.reclaimOnce.Do(func() { close(r.firstReclaim) })
+	return nil
+}
+
+// takeOver claims an expiring key until its lease has ended, takes the
+// record over and completes it.
+func (r *pruneRace) takeOver(s seededKey) error {
+	for {
+		expired := r.expired.Load()
+		rec, outcome, err := r.claim(s.key)
+		if errors.Is(err, recovery.ErrInFlight) && !expired {
+			continue
+		}
+		if err != nil || outcome != recovery.OutcomeTakeover || rec.ID != s.id {
+			return fmt.Errorf("%s (expiring): claim gave %v, %v; want a takeover of %s", s.key, outcome, err, s.id)
+		}
+		if err := r.store.Complete(r.ctx, rec.Fence(), recovery.Response{Status: 201, Body: []byte("taken over")}); err != nil {
+			return fmt.Errorf("%s (expiring): complete: %w", s.key, err)
+		}
+		r.takenOver.Add(1)
+		r.takeoverOnce.Do(func() { close(r.firstTakeover) })
+		return nil
+	}
+}
+
+// gatedObserver runs afterFirst, once, after the pruner's first batch of
+// keys, holding the pruner there until it returns (on purpose: an Observer
+// is otherwise to be quick).
+type gatedObserver struct {
+	*recorder
+	once       sync.Once
+	afterFirst func()
+}
+
+func (g *gatedObserver) Pruned(table string, rows int) {
+	g.recorder.Pruned(table, rows)
+	if table == "onceflow_keys" {
+		g.once.Do(g.afterFirst)
+	}
+}
+
+// TestPruningWhileClaiming: the pruner works through 100k records while
+// clients claim keys in the same neighbourhood, in key order and in the
+// finished index: due keys claimed again the moment their record goes,
+// records in flight beside them (some carrying an old completed_at), leases
+// ending mid-run and taken over, new records completing. After its first
+// batch the pruner waits until one key has been reused and one record taken
+// over and completed, so both happen while it still has work.
+//
+// Every claim gets a replay of the record as it was, a new record (with a
+// new id, after which the pruned record never comes back), a takeover, or
+// "in flight"; the rows deleted are exactly the due ones.
+func TestPruningWhileClaiming(t *testing.T) {
+	b := setup(t)
+	const records = 100_000
+	fp := recovery.FingerprintBytes("op", nil)
+	for i, args := range [][]any{{records}, {fp[:]}, nil} {
+		_, err := b.db.Exec(b.ctx, seedInterleaved[i], args...)
+		require.NoError(t, err)
+	}
+	store, err := recovery.New(b.db, recovery.Config{})
+	require.NoError(t, err)
+	r := &pruneRace{ctx: b.ctx, db: b.db, store: store, fp: fp,
+		firstReclaim: make(chan struct{}), firstTakeover: make(chan struct{}), failed: make(chan struct{})}
+	midRun := false
+	obs := &gatedObserver{recorder: newRecorder(), afterFirst: func() { midRun = r.afterFirstBatch() }}
+
+	// Clients visit every kind in every sixteenth group of eight keys.
+	var visits []seededKey
+	rows, err := b.db.Query(b.ctx, `SELECT key, id, kind FROM seeded WHERE (i / 8) % 16 = 0 ORDER BY key`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var s seededKey
+		require.NoError(t, rows.Scan(&s.key, &s.id, &s.kind))
+		visits = append(visits, s)
+	}
+	require.NoError(t, rows.Err())
+	wait := r.visitAll(visits, 4)
+
+	// The pause between batches lets the clients keep up with the pruner's
+	// front, where its deletes and their claims meet.
+	pruner, err := sweeper.NewPruner(b.db, sweeper.PrunerConfig{BatchSize: 1000, Pause: 10 * time.Millisecond, Observer: obs})
+	require.NoError(t, err)
+	started := time.Now()
+	err = pruner.Run(b.ctx)
+	took := time.Since(started)
+	r.expire() // should the pruner not have reported a batch
+	r.done.Store(true)
+	wait()
+	require.NoError(t, err)
+	t.Logf("pruned %d records in %s while clients reused %d keys and took over %d records",
+		obs.pruned["onceflow_keys"], took.Round(time.Millisecond), r.reclaimed.Load(), r.takenOver.Load())
+
+	require.Empty(t, r.problems[:min(len(r.problems), 10)], "%d claims went wrong; the first ten:", len(r.problems))
+	require.True(t, midRun, "a key was reused and a record taken over while the pruner had work left")
+	seeded := b.countBy(t, `SELECT kind, count(*) FROM seeded GROUP BY kind`)
+	visited := map[string]int{}
+	for _, s := range visits {
+		visited[s.kind]++
+	}
+	require.Equal(t, map[string]int{"due": seeded["due"]},
+		b.countBy(t, `SELECT coalesce(s.kind, 'a new record'), count(*) FROM pruned_log l LEFT JOIN seeded s USING (id) GROUP BY 1`),
+		"the pruner deleted every due record and nothing else")
+	require.Equal(t, seeded["due"], obs.pruned["onceflow_keys"])
+	require.Equal(t, map[string]int{"recent": seeded["recent"], "held": seeded["held"], "expiring": seeded["expiring"]},
+		b.countBy(t, `SELECT s.kind, count(*) FROM onceflow_keys k JOIN seeded s USING (id) GROUP BY 1`),
+		"every record not due is still there, under its id")
+	require.Equal(t, map[string]int{"due": visited["due"]},
+		b.countBy(t, `SELECT s.kind, count(*) FROM onceflow_keys k JOIN seeded s USING (key)
+			WHERE k.id <> s.id AND k.status = 'completed' AND k.response_body = 'new' GROUP BY 1`),
+		"each reused key holds its new record")
+	require.EqualValues(t, visited["due"], r.reclaimed.Load())
+	require.EqualValues(t, visited["expiring"], r.takenOver.Load())
+	require.Equal(t, map[string]int{"held": seeded["held"], "expiring": seeded["expiring"] - visited["expiring"]},
+		b.countBy(t, `SELECT s.kind, count(*) FROM onceflow_keys k JOIN seeded s USING (id) WHERE k.status = 'in_flight' GROUP BY 1`),
+		"the records in flight nobody took over are still in flight")
+}
+
+// countBy runs sql, which returns (name, count) rows, and returns them as a
+// map.
+func (b *bundle) countBy(t *testing.T, sql string) map[string]int {
+	t.Helper()
+	rows, err := b.db.Query(b.ctx, sql)
+	require.NoError(t, err)
+	got := map[string]int{}
+	for rows.Next() {
+		var name string
+		var n int
+		require.NoError(t, rows.Scan(&name, &n))
+		got[name] = n
+	}
+	require.NoError(t, rows.Err())
+	return got
 }
 
 // seed inserts n records of status whose timestamps lie age in the past.

@@ -21,9 +21,16 @@
 //
 // Each atomic phase commits its writes, the recovery point and the state in
 // one transaction fenced by the owner token. The claim folds into the first
-// phase's transaction and the completion into the last one's, so a workflow
-// of N atomic phases commits N transactions, as its business writes alone
-// would. A foreign mutation's result is committed at the next commit point.
+// phase's transaction, the completion into the last one's, and a foreign
+// mutation's result into the next phase's. So a workflow of N atomic phases
+// that starts and ends with one, and has no two foreign mutations in a row,
+// commits N transactions, as its business writes alone would. Each commit
+// with no phase to fold into adds one: the claim before a first foreign
+// mutation, the completion after a last one, and the result of a foreign
+// mutation followed by another. A replay writes nothing (when the first step
+// is foreign, its claim is one read-only statement). A retry that takes over
+// a record past its first step commits the takeover on its own, and Resume
+// reads the record before taking it over.
 //
 // Steps end a workflow early with Respond (a business outcome such as a
 // declined card, stored and replayed) or Reject (a validation failure before

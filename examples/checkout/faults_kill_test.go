@@ -553,41 +553,40 @@ func killCheckCharges(t *testing.T, charges []Charge, checkouts []killCheckout, 
 	}
 }
 
-// TestPausedOwnerIsFencedOut freezes a checkout server with SIGSTOP while
-// its checkout waits for the provider's answer to the charge (the provider
-// made the charge), lets the key's lease end, and has a second server take
-// the key over. While the second server's own charge request is held, the
-// frozen server wakes up and goes on with its stale checkout. It proves that
-// an attempt that stalled past its lease cannot change anything once another
-// owns the key, even while that owner has not finished: whatever it tries to
-// write is fenced out and rolled back, its client gets a 409 that names no
-// order, and the order, the stored response and the provider's single
-// charge are those the second owner makes.
+// TestPausedOwnerIsFencedOut freezes a checkout server right after the
+// provider answered its charge (the provider made the charge): the server
+// stops itself there with SIGSTOP (--stop-after charge), between two steps,
+// with no transaction, call or lease renewal of its attempt under way. The
+// key's lease ends, and a second server takes the key over, charges (the
+// provider deduplicates) and stops itself at the same point. Then the first
+// server gets SIGCONT and goes on with its stale checkout: it runs its last
+// phase (the order marked paid, the receipt queued), and the fenced write
+// that would commit it fails and rolls it all back, however long either
+// freeze lasted. It proves that an attempt that stalled past its lease
+// cannot change anything once another owns the key, even while that owner
+// has not finished: its client gets a 409 that names no order, and the
+// order, the stored response and the provider's single charge are those the
+// second owner makes once it wakes.
 func TestPausedOwnerIsFencedOut(t *testing.T) {
-	// The lease runs out on its own: on waking, the frozen attempt finds
-	// out from its heartbeat or from its final commit, whichever comes
-	// first.
+	// A 1s lease runs out on its own by the database clock.
 	t.Run("lease runs out", func(t *testing.T) { killPausedOwner(t, false) })
-	// A long lease, ended by hand (recovery.Store.ExpireLease): no renewal
-	// is due when the attempt wakes, so it runs its last phase (the order
-	// marked paid, the receipt queued), and the fenced commit of that phase
-	// is what fails and rolls it all back.
+	// A 30s lease, ended by hand (recovery.Store.ExpireLease).
 	t.Run("lease ended by hand", func(t *testing.T) { killPausedOwner(t, true) })
 }
 
 func killPausedOwner(t *testing.T, endByHand bool) {
 	e := newEnv(t)
-	proxy := killNewProxy(t, e.provider, 2) // holds the frozen server's charge, then the second server's
-	frozen, taker := proxy.gates[0], proxy.gates[1]
+	proxy := killNewProxy(t, e.provider, 0) // records each charge's downstream key
 	lease := "1s"
 	if endByHand {
 		lease = "30s"
 	}
-	paused := e.serve("--provider-url", proxy.url, "--lease", lease, "--sweep-every", "1h")
+	paused := e.serve("--provider-url", proxy.url, "--lease", lease, "--sweep-every", "1h", "--stop-after", "charge")
 	t.Cleanup(func() { _ = paused.proc.Signal(syscall.SIGCONT) }) // before it is stopped
 	// The second server's lease outlasts the test: it renews nothing while
 	// the rows are compared.
-	next := e.serve("--provider-url", proxy.url, "--lease", "5m", "--sweep-every", "1h")
+	next := e.serve("--provider-url", proxy.url, "--lease", "5m", "--sweep-every", "1h", "--stop-after", "charge")
+	t.Cleanup(func() { _ = next.proc.Signal(syscall.SIGCONT) })
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	client := killClient(2)
@@ -598,12 +597,8 @@ func killPausedOwner(t *testing.T, endByHand bool) {
 	conn := killConnect(t, e)
 
 	first := killPostAsync(ctx, client, paused.URL, key)
-	killAwait(t, ctx, frozen.arrived, first, "the first server asks for the charge")
-	require.NoError(t, paused.proc.Signal(syscall.SIGSTOP))
+	killAwaitStop(t, paused, first)
 	stoppedAt := time.Now()
-	killPoll(t, time.Minute, 5*time.Millisecond, "the server is stopped", func() bool { return killStopped(t, paused.proc.Pid()) })
-	frozen.release() // the provider charges; the answer waits in the stopped server's socket
-	killAwait(t, ctx, frozen.answered, nil, "the provider answers the charge")
 	charges := e.charges()
 	require.Len(t, charges, 1)
 	rec, err := store.Load(ctx, k)
@@ -615,6 +610,7 @@ func killPausedOwner(t *testing.T, endByHand bool) {
 	if endByHand {
 		require.NoError(t, store.ExpireLease(ctx, k))
 	}
+	// A stopped server renews nothing: its lease ends within the lease.
 	killPoll(t, time.Minute, 20*time.Millisecond, "the stopped server's lease ends", func() bool {
 		var over bool
 		require.NoError(t, conn.QueryRow(ctx, `SELECT locked_until < clock_timestamp() FROM onceflow_keys
@@ -622,15 +618,17 @@ func killPausedOwner(t *testing.T, endByHand bool) {
 		return over
 	})
 	second := killPostAsync(ctx, client, next.URL, key)
-	killAwait(t, ctx, taker.arrived, second, "the second server takes the key over and asks for the charge")
+	killAwaitStop(t, next, second)
 	taken, err := store.Load(ctx, k)
 	require.NoError(t, err)
 	require.Equal(t, recovery.StatusInFlight, taken.Status)
+	require.Equal(t, "create_order", taken.RecoveryPoint)
 	require.NotEqual(t, rec.Owner, taken.Owner, "the takeover has an owner token of its own")
 	require.Equal(t, 1, taken.Attempts, "the stopped attempt is counted")
+	require.Equal(t, charges, e.charges(), "the second owner's charge is the first one's, deduplicated")
 	before := killSnapshot(t, conn)
 
-	// The stopped server wakes while the key's new owner is mid-checkout.
+	// The first server wakes while the key's new owner is mid-checkout.
 	require.NoError(t, paused.proc.Signal(syscall.SIGCONT))
 	frozenFor := time.Since(stoppedAt)
 	woke := killAwaitAnswer(t, ctx, first, "the woken server answers its client")
@@ -643,22 +641,16 @@ func killPausedOwner(t *testing.T, endByHand bool) {
 		return strings.Contains(paused.Stderr(), "lease lost; this attempt's uncommitted writes rolled back")
 	})
 	logged := paused.Stderr()
-	// The provider call's timeout and the first renewal are 10s away: a
-	// shorter freeze wakes the attempt with the charge's answer waiting.
-	if endByHand && frozenFor < 9*time.Second {
-		require.Regexp(t, `lease lost; this attempt's uncommitted writes rolled back.* step=record_charge`, logged,
-			"the last phase ran and its fenced commit failed")
-	}
+	// Its commit found the key taken over, or, should the phase have
+	// outlasted a third of the lease, its heartbeat's renewal did: both are
+	// fenced writes.
+	require.Regexp(t, `lease lost; this attempt's uncommitted writes rolled back.* step=record_charge`, logged,
+		"the last phase ran and its fenced write failed")
 	require.Equal(t, before, killSnapshot(t, conn), "the woken attempt changed no row")
 	require.Equal(t, 0, e.count(`SELECT count(*) FROM checkout_orders WHERE status <> 'pending'`), "its order update rolled back")
 	require.Equal(t, 0, e.count(`SELECT count(*) FROM onceflow_outbox`), "its receipt rolled back")
-	select {
-	case r := <-second:
-		t.Fatalf("the second server answered while its charge was held: %v %d %s", r.err, r.answer.status, r.answer.body)
-	default:
-	}
 
-	taker.release()
+	require.NoError(t, next.proc.Signal(syscall.SIGCONT))
 	done := killAwaitAnswer(t, ctx, second, "the second server finishes the checkout")
 	require.Equal(t, http.StatusCreated, done.status, done.body)
 	var paid killPaid
@@ -684,6 +676,24 @@ func killPausedOwner(t *testing.T, endByHand bool) {
 	}
 	t.Logf("stopped for %s; the woken attempt answered %d and logged: %s", frozenFor.Round(time.Millisecond),
 		woke.status, killLines(logged, "lease lost"))
+}
+
+// killAwaitStop waits until app has stopped itself (--stop-after) while
+// answering results, and it has logged so.
+func killAwaitStop(t *testing.T, app *serveProcess, results <-chan killResult) {
+	t.Helper()
+	killPoll(t, time.Minute, 5*time.Millisecond, "the server stops itself after the charge", func() bool {
+		select {
+		case r := <-results:
+			t.Fatalf("the checkout ended before its server stopped: %v %d %s", r.err, r.answer.status, r.answer.body)
+		default:
+		}
+		return killStopped(t, app.proc.Pid())
+	})
+	// The log line reaches us through a pipe of its own.
+	killPoll(t, time.Minute, 10*time.Millisecond, "the server logs where it stopped", func() bool {
+		return strings.Contains(app.Stderr(), "stopping after charge's call, as asked")
+	})
 }
 
 // killPostAsync posts the checkout order under key and delivers the result.
@@ -734,10 +744,9 @@ type killProxy struct {
 
 // killGate holds one charge request.
 type killGate struct {
-	arrived  chan struct{} // closed when the request arrived
-	open     chan struct{} // closed to let it through
-	answered chan struct{} // closed when the provider's answer was passed on
-	once     sync.Once
+	arrived chan struct{} // closed when the request arrived
+	open    chan struct{} // closed to let it through
+	once    sync.Once
 }
 
 func (g *killGate) release() { g.once.Do(func() { close(g.open) }) }
@@ -745,7 +754,7 @@ func (g *killGate) release() { g.once.Do(func() { close(g.open) }) }
 func killNewProxy(t *testing.T, upstream string, held int) *killProxy {
 	p := &killProxy{upstream: upstream}
 	for range held {
-		p.gates = append(p.gates, &killGate{arrived: make(chan struct{}), open: make(chan struct{}), answered: make(chan struct{})})
+		p.gates = append(p.gates, &killGate{arrived: make(chan struct{}), open: make(chan struct{})})
 	}
 	srv := httptest.NewServer(http.HandlerFunc(p.charge))
 	t.Cleanup(srv.Close)
@@ -785,7 +794,6 @@ func (p *killProxy) charge(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		}
-		defer close(g.answered)
 	}
 	req, err := http.NewRequestWithContext(context.WithoutCancel(r.Context()), http.MethodPost, p.upstream+"/charges", bytes.NewReader(body))
 	if err != nil {

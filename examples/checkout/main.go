@@ -55,6 +55,7 @@ with a sweeper that finishes checkouts whose client went away and sends receipts
 	flags.DurationVar(&f.lease, "lease", 30*time.Second, "how long an attempt holds a checkout's key")
 	flags.DurationVar(&f.sweepEvery, "sweep-every", 10*time.Second, "how often the sweeper finishes abandoned checkouts and sends receipts")
 	flags.StringVar(&f.crashAfter, "crash-after", "", "exit at once (code 3) right after this step: create_order, charge or record_charge")
+	flags.StringVar(&f.stopAfter, "stop-after", "", "for tests: stop (SIGSTOP to itself) once right after this step, until a SIGCONT")
 
 	var providerAddr string
 	providerCmd := &cobra.Command{

@@ -9,7 +9,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"slices"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,8 +30,8 @@ import (
 const crashExitCode = 3
 
 type serveFlags struct {
-	addr, databaseURL, providerURL, crashAfter string
-	lease, sweepEvery                          time.Duration
+	addr, databaseURL, providerURL, crashAfter, stopAfter string
+	lease, sweepEvery                                     time.Duration
 }
 
 // serve runs the checkout API until ctx ends.
@@ -68,7 +71,7 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	}
 	a := &app{db: db, outbox: ob, provider: providerURL, client: &http.Client{Timeout: 10 * time.Second}, logger: logger}
 	checkout := a.checkout()
-	hooks, err := crashHooks(checkout, f.crashAfter, stderr)
+	hooks, err := crashHooks(checkout, f.crashAfter, f.stopAfter, stderr)
 	if err != nil {
 		return err
 	}
@@ -147,11 +150,53 @@ func newSweeper(db *pgxpool.Pool, engine *workflow.Engine, a *app, every time.Du
 }
 
 // crashHooks makes the process exit at once, with no cleanup, right after
-// step has finished: after its commit, or for a foreign step after its call
-// returned (before its result is committed).
-func crashHooks(wf workflow.Definition, step string, stderr io.Writer) (*workflow.Hooks, error) {
-	if step == "" {
+// the step crashAfter has finished: after its commit, or for a foreign step
+// after its call returned (before its result is committed). At the same
+// point of the step stopAfter, the process stops itself (SIGSTOP), once,
+// until it gets a SIGCONT: a test's way to pause an owner where no
+// transaction, call or timer of its attempt is under way.
+func crashHooks(wf workflow.Definition, crashAfter, stopAfter string, stderr io.Writer) (*workflow.Hooks, error) {
+	crash, err := pointAfter(wf, "--crash-after", crashAfter)
+	if err != nil {
+		return nil, err
+	}
+	stop, err := pointAfter(wf, "--stop-after", stopAfter)
+	if err != nil {
+		return nil, err
+	}
+	if crashAfter == "" && stopAfter == "" {
 		return nil, nil
+	}
+	var stopped atomic.Bool
+	return &workflow.Hooks{CrashPoint: func(_ context.Context, _ workflow.Key, p workflow.CrashPoint) error {
+		switch {
+		case p == crash:
+			fmt.Fprintf(stderr, "crashing %s, as asked\n", p)
+			os.Exit(crashExitCode)
+		case p == stop && stopped.CompareAndSwap(false, true):
+			fmt.Fprintf(stderr, "stopping %s, as asked\n", p)
+			stopUntilContinued()
+		}
+		return nil
+	}}, nil
+}
+
+// stopUntilContinued stops the process with SIGSTOP and returns once it got
+// SIGCONT. A signal to itself stops the process a moment later, not at once:
+// waiting for the SIGCONT keeps the caller from going on in that moment.
+func stopUntilContinued() {
+	cont := make(chan os.Signal, 1)
+	signal.Notify(cont, syscall.SIGCONT)
+	defer signal.Stop(cont)
+	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	<-cont
+}
+
+// pointAfter is the crash point right after step; the zero CrashPoint,
+// which no attempt passes, when step is "".
+func pointAfter(wf workflow.Definition, flag, step string) (workflow.CrashPoint, error) {
+	if step == "" {
+		return workflow.CrashPoint{}, nil
 	}
 	var names []string
 	kind := phase.Kind(0)
@@ -162,19 +207,13 @@ func crashHooks(wf workflow.Definition, step string, stderr io.Writer) (*workflo
 		}
 	}
 	if !slices.Contains(names, step) {
-		return nil, fmt.Errorf("--crash-after %q: the steps are %v", step, names)
+		return workflow.CrashPoint{}, fmt.Errorf("%s %q: the steps are %v", flag, step, names)
 	}
 	point := workflow.CrashPoint{Kind: workflow.AfterCommit, Step: step}
 	if kind == phase.KindForeign {
 		point.Kind = workflow.AfterForeignCall
 	}
-	return &workflow.Hooks{CrashPoint: func(_ context.Context, _ workflow.Key, p workflow.CrashPoint) error {
-		if p == point {
-			fmt.Fprintf(stderr, "crashing %s, as asked\n", p)
-			os.Exit(crashExitCode)
-		}
-		return nil
-	}}, nil
+	return point, nil
 }
 
 // listen serves h on addr and returns the server and the address it got.
