@@ -242,10 +242,16 @@ func (b errBatch) Close() error {
 // ended its own transaction (see attempt.txEndedByStep).
 var errTxEndedByStep = errors.New("the phase committed or rolled back its own transaction, so its writes may be committed without the recovery point; the record failed so that they are not made again")
 
-// ended reports whether the phase's transaction is over: a statement the
-// phase sent (a COMMIT in a string of several, say) ended it.
+// ended reports whether the phase's transaction is over while its
+// connection lives: a statement the phase sent (a COMMIT in a string of
+// several, say) ended it. A connection that died took its transaction with
+// it, uncommitted.
 func (t *phaseTx) ended() bool {
-	return t != nil && t.begin == "" && t.conn.PgConn().TxStatus() == 'I'
+	if t == nil || t.begin != "" {
+		return false
+	}
+	pc := t.conn.PgConn()
+	return !pc.IsClosed() && pc.TxStatus() == 'I'
 }
 
 // endsTransaction reports whether sql starts with a statement that would
