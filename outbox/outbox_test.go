@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"strings"
@@ -374,10 +375,17 @@ func relayHelper() int {
 
 // TestBatchOutlivingItsLease: handlers slower than the lease allows for a
 // whole batch; the relay gives back what it cannot deliver in time, another
-// relay shares the work, and every delivery is recorded once.
+// relay shares the work, and every delivery is recorded once. A handler's
+// work is a quarter of the lease and its timeout half of it: a batch needs
+// a lease and a half. A delivery cut short by the batch's lease is tried
+// again, as often as a loaded machine makes it take (running out of
+// attempts is not what this test is about).
 func TestBatchOutlivingItsLease(t *testing.T) {
 	b := setup(t)
-	const messages = 6
+	const (
+		messages = 6
+		lease    = time.Second
+	)
 	var msgs []outbox.Message
 	for i := range messages {
 		msgs = append(msgs, receipt(i))
@@ -386,14 +394,14 @@ func TestBatchOutlivingItsLease(t *testing.T) {
 	consume := sendReceipt(b.db, b.ob)
 	slow := func(ctx context.Context, m *outbox.Record) error {
 		select {
-		case <-time.After(100 * time.Millisecond): // the handler's work
+		case <-time.After(lease / 4): // the handler's work
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 		return consume(ctx, m)
 	}
 	cfg := outbox.RelayConfig{Handlers: map[string]outbox.Handler{"receipt": slow}, BatchSize: messages,
-		Lease: 300 * time.Millisecond, Backoff: func(int) time.Duration { return 0 }}
+		Lease: lease, HandlerTimeout: lease / 2, MaxAttempts: math.MaxInt32, Backoff: func(int) time.Duration { return 0 }}
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex

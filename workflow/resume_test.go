@@ -366,6 +366,10 @@ func TestCommitBudget(t *testing.T) {
 	}
 }
 
+// TestHeartbeatRenewsLongSteps: a step that outlives a third of its lease
+// twice has its lease renewed twice, each renewal moving it. The lease is
+// long enough that renewals a third of it apart come in time on a loaded
+// machine; the test lasts about two thirds of it.
 func TestHeartbeatRenewsLongSteps(t *testing.T) {
 	w := newWorld(t)
 	renewed := make(chan time.Time, 16)
@@ -391,18 +395,21 @@ func TestHeartbeatRenewsLongSteps(t *testing.T) {
 			return nil
 		}),
 	)
-	e := w.engine(workflow.Config{Lease: 150 * time.Millisecond, Hooks: hooks})
+	e := w.engine(workflow.Config{Lease: 2 * time.Second, Hooks: hooks})
 	res, err := e.Run(w.ctx, acme, wf, order)
 	require.NoError(t, err)
 	require.Equal(t, 200, res.Response.Status)
 }
 
 // TestHeartbeatLosingLeaseCancelsStep: when a renewal finds the key taken
-// over, the step's context is cancelled and the attempt stops.
+// over, the step's context is cancelled and the attempt stops. The lease
+// is long enough that the heartbeat's own deadline (a whole lease without
+// a renewal) cannot come first on a loaded machine.
 func TestHeartbeatLosingLeaseCancelsStep(t *testing.T) {
 	w := newWorld(t)
+	const lease = 2 * time.Second
 	entered := make(chan struct{})
-	lost := make(chan error, 1)
+	lost := make(chan error, 16)
 	hooks := &workflow.Hooks{LeaseRenewed: func(_ workflow.Key, _ string, _ time.Time, err error) {
 		if err != nil {
 			lost <- err
@@ -411,14 +418,15 @@ func TestHeartbeatLosingLeaseCancelsStep(t *testing.T) {
 	wf := workflow.Define("long",
 		foreign.Mutation("long", func(ctx context.Context, c *foreign.Call[Order, Paid]) error {
 			close(entered)
-			<-ctx.Done()
-			return context.Cause(ctx)
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(30 * lease):
+				return errors.New("the step was never cancelled")
+			}
 		}),
 	)
-	// A lease long enough that the takeover below comes before the
-	// attempt's own deadline on any machine: the first renewal, at a third
-	// of it, finds the key taken over.
-	e := w.engine(workflow.Config{Lease: 3 * time.Second, Hooks: hooks})
+	e := w.engine(workflow.Config{Lease: lease, Hooks: hooks})
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.Run(w.ctx, acme, wf, order)
@@ -430,9 +438,15 @@ func TestHeartbeatLosingLeaseCancelsStep(t *testing.T) {
 	_, _, err := e.Store().Takeover(w.ctx, acme, "long")
 	require.NoError(t, err)
 
-	require.ErrorIs(t, <-lost, recovery.ErrLeaseLost)
-	err = <-done
+	err = <-done // the hooks have all run once Run returns
 	require.ErrorIs(t, err, workflow.ErrLeaseLost)
+	select {
+	case renewal := <-lost:
+		require.ErrorIs(t, renewal, recovery.ErrLeaseLost, "a renewal found the key taken over")
+		require.Empty(t, lost, "the heartbeat stopped at the first renewal that found the key taken over")
+	default:
+		require.Fail(t, "no renewal found the key taken over")
+	}
 	rec, err := e.Store().Load(w.ctx, acme)
 	require.NoError(t, err)
 	require.False(t, rec.Released, "a lost lease is not released: it is someone else's")

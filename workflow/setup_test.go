@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -82,8 +83,21 @@ type world struct {
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	t.Parallel()
+	return newWorldOn(t, dbtest.NewDatabase(t, dbtest.Options{}))
+}
+
+// newSkewedWorld is a world whose database's clock is skew off the
+// machine's, and so off the process's.
+func newSkewedWorld(t *testing.T, skew time.Duration) *world {
+	t.Helper()
+	t.Parallel()
+	return newWorldOn(t, dbtest.NewSkewedDatabase(t, skew, dbtest.Options{}))
+}
+
+func newWorldOn(t *testing.T, url string) *world {
+	t.Helper()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{}))
+	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
 	counter := &pgtrace.Counter{}
 	cfg.ConnConfig.Tracer = counter

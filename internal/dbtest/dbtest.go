@@ -16,6 +16,10 @@
 // transaction pooling needs; creating, copying and dropping databases still
 // goes straight to PostgreSQL. DirectURL gives a test the same database
 // without PgBouncer, for what only PostgreSQL itself can answer.
+//
+// NewSkewedDatabase gives a test a database on a second throwaway server
+// whose clock is an offset away from this machine's (through libfaketime),
+// for proving that only the database clock decides leases.
 package dbtest
 
 import (
@@ -44,11 +48,16 @@ import (
 // through PgBouncer: "1" does, "" and "0" do not.
 const PgBouncerEnv = "ONCEFLOW_TEST_PGBOUNCER"
 
+// dbServer is a database server tests get databases on.
+type dbServer struct {
+	adminURL string // a database on the server where CREATE DATABASE runs
+	template string // migrated database every test database copies
+}
+
 // server is the process-wide database server the tests use.
 var server struct {
-	adminURL string             // a database on the server where CREATE DATABASE runs
-	template string             // migrated database every test database copies
-	bouncer  *pgbouncer.Bouncer // in front of the server when PgBouncerEnv is "1"
+	dbServer
+	bouncer *pgbouncer.Bouncer // in front of the server when PgBouncerEnv is "1"
 }
 
 // Main runs the tests of m against a real PostgreSQL and exits with their
@@ -87,6 +96,7 @@ func MainWithCommand(m *testing.M, name string, path *string) {
 // to exit with.
 func run(m *testing.M) int {
 	ctx := context.Background()
+	defer stopSkewedServers()
 	server.adminURL = pgcluster.URLFromEnv()
 	if server.adminURL == "" {
 		cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
@@ -101,13 +111,13 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "dbtest:", err)
 		return 1
 	}
-	template, err := createTemplate(ctx)
+	template, err := server.createTemplate(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dbtest:", err)
 		return 1
 	}
 	server.template = template
-	defer dropDatabase(ctx, template)
+	defer server.dropDatabase(ctx, template)
 	bouncer, err := startBouncer(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dbtest:", err)
@@ -121,11 +131,11 @@ func run(m *testing.M) int {
 	// Runnable examples connect the way a user's program would, through
 	// DATABASE_URL; give them a migrated database of their own.
 	example := uniqueName("onceflow_example")
-	if err := createDatabase(ctx, example, template); err != nil {
+	if err := server.createDatabase(ctx, example, template); err != nil {
 		fmt.Fprintln(os.Stderr, "dbtest:", err)
 		return 1
 	}
-	defer dropDatabase(ctx, example)
+	defer server.dropDatabase(ctx, example)
 	os.Setenv("DATABASE_URL", clientURL(example))
 	return m.Run()
 }
@@ -203,13 +213,13 @@ func checkCapacity(ctx context.Context) error {
 
 // createTemplate makes a database with every migration applied, named
 // uniquely so that several test binaries can share one server.
-func createTemplate(ctx context.Context) (string, error) {
+func (s *dbServer) createTemplate(ctx context.Context) (string, error) {
 	name := uniqueName("onceflow_template")
-	if err := createDatabase(ctx, name, ""); err != nil {
+	if err := s.createDatabase(ctx, name, ""); err != nil {
 		return "", err
 	}
-	if err := migrate(ctx, databaseURL(server.adminURL, name)); err != nil {
-		dropDatabase(ctx, name)
+	if err := migrate(ctx, databaseURL(s.adminURL, name)); err != nil {
+		s.dropDatabase(ctx, name)
 		return "", err
 	}
 	return name, nil
@@ -250,23 +260,30 @@ func NewDatabase(t testing.TB, opts Options) string {
 	if server.adminURL == "" {
 		t.Fatal("dbtest: the package's TestMain must call dbtest.Main")
 	}
-	template := server.template
+	return clientURL(server.newDatabase(t, opts))
+}
+
+// newDatabase creates a database on s for t alone, dropped when t ends,
+// and returns its name.
+func (s *dbServer) newDatabase(t testing.TB, opts Options) string {
+	t.Helper()
+	template := s.template
 	if opts.Unmigrated {
 		template = ""
 	}
 	name := uniqueName("onceflow_test")
 	ctx := context.Background()
-	if err := createDatabase(ctx, name, template); err != nil {
+	if err := s.createDatabase(ctx, name, template); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { dropDatabase(context.Background(), name) })
+	t.Cleanup(func() { s.dropDatabase(context.Background(), name) })
 	for setting, value := range opts.Settings {
-		if err := admin(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET "+
+		if err := s.admin(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET "+
 			pgx.Identifier{setting}.Sanitize()+" TO "+quoteLiteral(value)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return clientURL(name)
+	return name
 }
 
 // NewPool connects to a new migrated database for t, with room for maxConns
@@ -296,25 +313,25 @@ func Connect(t testing.TB, url string, maxConns int32) *pgxpool.Pool {
 	return pool
 }
 
-func createDatabase(ctx context.Context, name, template string) error {
+func (s *dbServer) createDatabase(ctx context.Context, name, template string) error {
 	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
 	if template != "" {
 		sql += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
 	}
-	return admin(ctx, sql)
+	return s.admin(ctx, sql)
 }
 
-func dropDatabase(ctx context.Context, name string) {
-	_ = admin(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+func (s *dbServer) dropDatabase(ctx context.Context, name string) {
+	_ = s.admin(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 }
 
 // admin runs one statement on a short-lived connection to the admin database.
-func admin(ctx context.Context, sql string) error {
+func (s *dbServer) admin(ctx context.Context, sql string) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, server.adminURL)
+	conn, err := pgx.Connect(ctx, s.adminURL)
 	if err != nil {
-		return fmt.Errorf("dbtest: connect to %s: %w", redact(server.adminURL), err)
+		return fmt.Errorf("dbtest: connect to %s: %w", redact(s.adminURL), err)
 	}
 	defer conn.Close(ctx)
 	if _, err := conn.Exec(ctx, sql); err != nil {

@@ -3,9 +3,12 @@ package dbtest
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -80,4 +83,52 @@ func TestPgBouncerRoute(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.True(t, seen, "PgBouncer serves a client of the test's database")
+}
+
+// TestSkewedDatabase: a skewed database's server reads the machine's clock
+// plus the skew, in every session, and it is migrated; databases with the
+// same skew share one server, apart from the tests' usual one.
+func TestSkewedDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, skew := range []time.Duration{time.Hour, -time.Hour} {
+		t.Run(skew.String(), func(t *testing.T) {
+			t.Parallel()
+			a := Connect(t, NewSkewedDatabase(t, skew, Options{}), 2)
+			b := Connect(t, NewSkewedDatabase(t, skew, Options{}), 2)
+			for _, db := range []*pgxpool.Pool{a, b} {
+				var clock, txStart time.Time
+				before := time.Now()
+				require.NoError(t, db.QueryRow(ctx, `SELECT clock_timestamp(), now()`).Scan(&clock, &txStart))
+				after := time.Now()
+				for _, read := range []time.Time{clock, txStart} {
+					require.WithinRange(t, read.Add(-skew), before.Add(-time.Second), after.Add(time.Second),
+						"the server's clock is the machine's plus %s", skew)
+				}
+				var migrated bool
+				require.NoError(t, db.QueryRow(ctx, `SELECT to_regclass('onceflow_keys') IS NOT NULL`).Scan(&migrated))
+				require.True(t, migrated)
+			}
+			var dirA, dirB, dirMain string
+			require.NoError(t, a.QueryRow(ctx, `SELECT current_setting('data_directory')`).Scan(&dirA))
+			require.NoError(t, b.QueryRow(ctx, `SELECT current_setting('data_directory')`).Scan(&dirB))
+			plain := Connect(t, DirectURL(t, NewDatabase(t, Options{})), 1)
+			require.NoError(t, plain.QueryRow(ctx, `SELECT current_setting('data_directory')`).Scan(&dirMain))
+			require.Equal(t, dirA, dirB, "one server per skew")
+			require.NotEqual(t, dirMain, dirA, "not the tests' usual server")
+		})
+	}
+}
+
+// TestSkewedDatabaseNeedsFaketime: without libfaketime the error says how
+// to install it; a skew that libfaketime cannot express is refused.
+func TestSkewedDatabaseNeedsFaketime(t *testing.T) {
+	defer func(saved []string) { faketimeLibraries = saved }(faketimeLibraries)
+	faketimeLibraries = []string{filepath.Join(t.TempDir(), "*", "libfaketime.so.1")}
+	_, err := skewedServerFor(42 * time.Second)
+	require.ErrorIs(t, err, ErrNoFaketime)
+	require.ErrorContains(t, err, "apt-get install faketime")
+
+	_, err = skewedServerFor(1500 * time.Millisecond)
+	require.ErrorContains(t, err, "not a whole number of seconds")
 }

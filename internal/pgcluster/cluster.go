@@ -32,6 +32,12 @@ type Options struct {
 	// a throwaway cluster has nothing to keep.
 	Settings map[string]string
 
+	// Env holds extra environment variables for the server, as
+	// NAME=value, added to this process's environment (where a name is in
+	// both, Env's value wins). nil adds none. Tests use it to change what
+	// the server sees, such as its clock through a preloaded library.
+	Env []string
+
 	// StartTimeout bounds the wait for the server to accept connections.
 	// 0 means StartTimeoutDefault.
 	StartTimeout time.Duration
@@ -115,7 +121,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, err
 		}
 		c := newCluster(password, launchParams{bin: bin, dir: dir, port: port, cred: cred,
-			settings: mergeSettings(opts.Settings), timeout: cmp.Or(opts.StartTimeout, StartTimeoutDefault)}, logger)
+			settings: mergeSettings(opts.Settings), env: opts.Env, timeout: cmp.Or(opts.StartTimeout, StartTimeoutDefault)}, logger)
 		c.server, err = startServer(ctx, c.launch, c.url)
 		if err == nil {
 			logger.Info("throwaway PostgreSQL started", slog.String("dir", dir), slog.String("bin", bin))

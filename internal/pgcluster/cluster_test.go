@@ -43,6 +43,27 @@ func TestStartAndStop(t *testing.T) {
 	require.Error(t, err, "the server is gone")
 }
 
+// TestEnvReachesTheServer: Options.Env is in the server's environment,
+// over this process's value of the same variable.
+func TestEnvReachesTheServer(t *testing.T) {
+	t.Setenv("ONCEFLOW_PGCLUSTER_ENV", "from the test process")
+	ctx := context.Background()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Env: []string{"ONCEFLOW_PGCLUSTER_ENV=from Options.Env"}})
+	require.NoError(t, err)
+	defer c.Stop()
+
+	conn, err := pgx.Connect(ctx, c.URL())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	// A program the server runs inherits the server's environment.
+	_, err = conn.Exec(ctx, `CREATE TEMP TABLE env (v text);
+		COPY env FROM PROGRAM 'printenv ONCEFLOW_PGCLUSTER_ENV'`)
+	require.NoError(t, err)
+	var got string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT v FROM env`).Scan(&got))
+	require.Equal(t, "from Options.Env", got)
+}
+
 // TestHaltAndResume: a halted server refuses connections and ends its
 // sessions; resumed, it is the same cluster at the same URL, with every
 // committed row and none of the rolled-back ones.

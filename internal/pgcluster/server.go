@@ -23,6 +23,7 @@ type launchParams struct {
 	port     int
 	cred     *syscall.Credential
 	settings map[string]string
+	env      []string // added to this process's environment
 	timeout  time.Duration
 }
 
@@ -46,6 +47,7 @@ func startServer(ctx context.Context, p launchParams, url string) (*child.Proces
 	logStart, _ := logFile.Seek(0, io.SeekEnd)
 	cmd := exec.Command(filepath.Join(p.bin, "postgres"), args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
+	cmd.Env = append(os.Environ(), p.env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Dir = p.dir
 	s, err := child.Start(cmd, syscall.SIGQUIT)
