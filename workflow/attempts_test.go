@@ -40,8 +40,10 @@ func TestDeadlineCountsAsAnAttempt(t *testing.T) {
 	var calls atomic.Int32
 	wf := slowCall(&calls, nil)
 	e := w.engine(workflow.Config{MaxAttempts: 2, Workflows: []workflow.Definition{wf}})
+	// A deadline far longer than a claim takes, even on a loaded machine,
+	// so that it always ends the call, never the claim.
 	withDeadline := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(w.ctx, 50*time.Millisecond)
+		return context.WithTimeout(w.ctx, time.Second)
 	}
 	ctx, cancel := withDeadline()
 	_, err := e.Run(ctx, acme, wf, order)
