@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -49,6 +50,7 @@ with one, the user must be allowed to CREATE DATABASE.`,
 	cmd.Flags().BoolVar(&check, "check", false, "exit 1 when a figure misses its target")
 	cmd.Flags().DurationVar(&cfg.Round, "round", time.Second, "how long each side of a throughput round runs")
 	cmd.Flags().IntVar(&cfg.Rounds, "rounds", 5, "how many times the two sides of a throughput figure alternate")
+	cmd.Flags().StringSliceVar(&cfg.Cases, "case", nil, "run only these cases: "+strings.Join(bench.CaseNames(), ", "))
 	cmd.Flags().IntVar(&cfg.LargeTable, "large-table", 1_000_000, "records in the large table of the claim-latency figure")
 	return cmd
 }

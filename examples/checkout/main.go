@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/onceflow/onceflow/workflow"
 )
 
 func main() {
@@ -53,6 +55,7 @@ with a sweeper that finishes checkouts whose client went away and sends receipts
 	flags.StringVar(&f.databaseURL, "database-url", "", "PostgreSQL URL (default: a throwaway PostgreSQL started for this run)")
 	flags.StringVar(&f.providerURL, "provider-url", "", "payment provider URL (default: a fake provider started in-process)")
 	flags.DurationVar(&f.lease, "lease", 30*time.Second, "how long an attempt holds a checkout's key")
+	flags.DurationVar(&f.dbTimeout, "db-timeout", workflow.DBTimeoutDefault, "how long a request waits for a connection and its claim before it is answered 503")
 	flags.DurationVar(&f.sweepEvery, "sweep-every", 10*time.Second, "how often the sweeper finishes abandoned checkouts and sends receipts")
 	flags.StringVar(&f.crashAfter, "crash-after", "", "exit at once (code 3) right after this step: create_order, charge or record_charge")
 	flags.StringVar(&f.stopAfter, "stop-after", "", "for tests: stop (SIGSTOP to itself) once right after this step, until a SIGCONT")

@@ -31,7 +31,7 @@ const crashExitCode = 3
 
 type serveFlags struct {
 	addr, databaseURL, providerURL, crashAfter, stopAfter string
-	lease, sweepEvery                                     time.Duration
+	lease, sweepEvery, dbTimeout                          time.Duration
 }
 
 // serve runs the checkout API until ctx ends.
@@ -75,8 +75,8 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	engine, err := workflow.NewEngine(db, workflow.Config{Lease: f.lease, Hooks: hooks, Logger: logger,
-		Workflows: []workflow.Definition{checkout}})
+	engine, err := workflow.NewEngine(db, workflow.Config{Lease: f.lease, DBTimeout: f.dbTimeout, Hooks: hooks,
+		Logger: logger, Workflows: []workflow.Definition{checkout}})
 	if err != nil {
 		return err
 	}

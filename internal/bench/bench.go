@@ -16,6 +16,7 @@ import (
 	"io"
 	"log/slog"
 	"runtime"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -33,8 +34,20 @@ type Config struct {
 	// LargeTable is the row count of the large claim-latency table. 0 means
 	// one million.
 	LargeTable int
+	// Cases, if not empty, runs only the cases of these names (see
+	// CaseNames).
+	Cases []string
 	// Logger receives progress. nil discards it.
 	Logger *slog.Logger
+}
+
+// CaseNames lists the cases of the suite, in the order they run.
+func CaseNames() []string {
+	names := make([]string, len(cases))
+	for i, c := range cases {
+		names[i] = c.name
+	}
+	return names
 }
 
 // Result is one figure of the table.
@@ -82,7 +95,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	for _, name := range cfg.Cases {
+		if !slices.Contains(CaseNames(), name) {
+			return nil, fmt.Errorf("no case %q; the cases are %s", name, strings.Join(CaseNames(), ", "))
+		}
+	}
 	for _, c := range cases {
+		if len(cfg.Cases) > 0 && !slices.Contains(cfg.Cases, c.name) {
+			continue
+		}
 		cfg.Logger.Info("running", slog.String("case", c.name))
 		results, err := c.run(ctx, srv, cfg)
 		if err != nil {

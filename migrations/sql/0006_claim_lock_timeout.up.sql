@@ -3,7 +3,7 @@
 -- atomic phase runs in the same transaction, and the claim's INSERT ... ON
 -- CONFLICT of a duplicate waits for that transaction: a burst of duplicates
 -- of one slow request held a connection each for the phase's whole length
--- and could exhaust the pool. The insert now waits at most 100 ms for a row
+-- and could exhaust the pool. The insert now waits at most 10 ms for a row
 -- lock (lock_timeout, set for that one statement and put back after it):
 -- past that it fails with SQLSTATE 55P03, which the caller answers as "in
 -- flight" (HTTP 409, Retry-After) at once. The read before it and the
@@ -31,7 +31,7 @@ BEGIN
     END IF;
 
     lock_wait := current_setting('lock_timeout');
-    PERFORM set_config('lock_timeout', '100ms', true);
+    PERFORM set_config('lock_timeout', '10ms', true);
     INSERT INTO {schema}.onceflow_keys AS k (tenant_id, key, id, workflow, request_hash, request, owner, locked_until)
     VALUES (p_tenant, p_key, p_id, p_workflow, p_hash, p_request, p_owner,
             clock_timestamp() + p_lease * interval '1 microsecond')
