@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -44,7 +45,8 @@ type attempt[Req, State any] struct {
 	tx        *phaseTx      // the open transaction, if any
 	rec       *recovery.Record
 	outcome   recovery.Outcome
-	keeper    *lease.Keeper // keeps the lease from the claim on
+	keeper    *lease.Keeper          // keeps the lease from the claim on
+	heldStep  atomic.Pointer[string] // the step the keeper holds the lease for
 	run       phase.Run[Req, State]
 	next      int  // index of the next step to run
 	claimOpen bool // the claim is uncommitted, in the open transaction
@@ -269,7 +271,7 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 	}
 	// While the claim is uncommitted in the transaction, the row is locked
 	// by this attempt and no takeover is possible: no heartbeat is needed.
-	stepCtx, stop := a.heartbeat(ctx, !a.claimOpen)
+	stepCtx, stop := a.heartbeat(ctx, step.Name(), !a.claimOpen)
 	started := a.e.now()
 	err := step.RunAtomic(stepCtx, a.tx, &a.run)
 	a.e.observeStep(a.w.name, step.Name(), started, err)
@@ -308,7 +310,7 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 // committed with the next atomic phase, or right away when none follows. A
 // call is not started once the lease may have ended.
 func (a *attempt[Req, State]) foreign(ctx context.Context, step phase.Step[Req, State]) (*Result, error) {
-	stepCtx, stop := a.heartbeat(ctx, true)
+	stepCtx, stop := a.heartbeat(ctx, step.Name(), true)
 	var err error
 	if stepCtx.Err() == nil {
 		a.acted = true

@@ -17,11 +17,14 @@ func (a *attempt[Req, State]) keepLease(ctx context.Context, sent time.Time) {
 	a.keeper = lease.New(a.e.lease, sent,
 		func(ctx context.Context) (time.Time, error) { return a.e.store.Renew(ctx, fence, 0) },
 		func(until time.Time, err error) {
+			step := *a.heldStep.Load()
 			if a.e.hooks.LeaseRenewed != nil {
-				a.e.hooks.LeaseRenewed(a.key, a.run.Step, until, err)
+				a.e.hooks.LeaseRenewed(a.key, step, until, err)
 			}
 			if err != nil && !errors.Is(err, recovery.ErrLeaseLost) {
-				a.e.logger.WarnContext(ctx, "could not renew the lease; will try again", a.logAttrs(a.run.Step, slog.Any("error", err))...)
+				a.e.logger.WarnContext(ctx, "could not renew the lease; will try again",
+					slog.String("workflow", a.w.name), slog.String("tenant", a.key.Tenant), slog.String("key", a.key.ID),
+					slog.String("step", step), slog.Any("error", err))
 			}
 		})
 }
@@ -33,7 +36,8 @@ func (a *attempt[Req, State]) keepLease(ctx context.Context, sent time.Time) {
 // function that returns that loss, marked as the engine's own finding.
 // Disabled (the claim is uncommitted and holds the key's row lock, so no
 // takeover is possible), it only wraps ctx.
-func (a *attempt[Req, State]) heartbeat(ctx context.Context, enabled bool) (context.Context, func() error) {
+func (a *attempt[Req, State]) heartbeat(ctx context.Context, step string, enabled bool) (context.Context, func() error) {
+	a.heldStep.Store(&step) // read by the renewals, which run beside the step
 	if !enabled {
 		stepCtx, cancel := context.WithCancel(ctx)
 		return stepCtx, func() error { cancel(); return nil }
