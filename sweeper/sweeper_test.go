@@ -362,6 +362,12 @@ func (r *pruneRace) reuse(s seededKey) error {
 	for {
 		pruned := r.done.Load()
 		rec, outcome, err := r.claim(s.key)
+		if errors.Is(err, recovery.ErrInFlight) {
+			// The pruner's uncommitted delete holds the row: a claim does
+			// not wait for it (it waits no longer than for a first phase)
+			// and is told to retry shortly, as a client would.
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("%s (due): claim: %w", s.key, err)
 		}
