@@ -74,9 +74,15 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op := m.operation(r)
-	sent := time.Now()
 	claimCtx, cancel := context.WithTimeout(r.Context(), m.dbTimeout)
-	rec, outcome, err := m.store.Claim(claimCtx, recovery.ClaimParams{Key: key, Workflow: op, Fingerprint: fingerprint(op, r, body)})
+	var (
+		rec     *recovery.Record
+		outcome recovery.Outcome
+	)
+	sent, err := lease.Send(claimCtx, m.db, func(conn *pgxpool.Conn) (err error) {
+		rec, outcome, err = m.store.WithConn(conn).Claim(claimCtx, recovery.ClaimParams{Key: key, Workflow: op, Fingerprint: fingerprint(op, r, body)})
+		return err
+	})
 	cancel()
 	m.observe(op, outcome, err)
 	if err != nil {

@@ -45,6 +45,7 @@ type attempt[Req, State any] struct {
 	tx        *phaseTx      // the open transaction, if any
 	rec       *recovery.Record
 	outcome   recovery.Outcome
+	claimSent time.Time              // when the claim was sent, once it had a connection
 	keeper    *lease.Keeper          // keeps the lease from the claim on
 	heldStep  atomic.Pointer[string] // the step the keeper holds the lease for
 	run       phase.Run[Req, State]
@@ -140,11 +141,10 @@ func (a *attempt[Req, State]) execute(ctx context.Context) (res *Result, err err
 			return nil, err
 		}
 	}
-	sent := time.Now()
 	if res, err := a.claimKey(ctx, folded); res != nil || err != nil {
 		return res, err
 	}
-	a.keepLease(ctx, sent)
+	a.keepLease(ctx, a.claimSent)
 	if a.tx != nil && a.next != a.start {
 		// The record moved on since the guess: commit the takeover alone.
 		if err := a.commit(ctx); err != nil {
@@ -236,15 +236,22 @@ func (a *attempt[Req, State]) claimWith(ctx context.Context, folded bool) (*reco
 	return rec, outcome, err
 }
 
-func (a *attempt[Req, State]) claimWithin(ctx context.Context, folded bool) (*recovery.Record, recovery.Outcome, error) {
+// claimWithin claims as claimWith says, noting in claimSent when the claim
+// was sent, once it had a connection: the lease runs from then.
+func (a *attempt[Req, State]) claimWithin(ctx context.Context, folded bool) (rec *recovery.Record, outcome recovery.Outcome, err error) {
 	if !folded {
-		return a.claim(ctx, a.store())
+		a.claimSent, err = lease.Send(ctx, a.e.db, func(conn *pgxpool.Conn) error {
+			rec, outcome, err = a.claim(ctx, a.e.store.WithConn(conn))
+			return err
+		})
+		return rec, outcome, err
 	}
 	a.claimOpen = true
 	if a.pipelined == nil {
 		if err := a.begin(ctx); err != nil {
 			return nil, 0, err
 		}
+		a.claimSent = time.Now()
 		return a.claim(ctx, a.store())
 	}
 	conn, err := a.e.db.Acquire(ctx)
@@ -252,7 +259,8 @@ func (a *attempt[Req, State]) claimWithin(ctx context.Context, folded bool) (*re
 		return nil, 0, fmt.Errorf("acquire a connection: %w", err)
 	}
 	a.conn = conn
-	rec, outcome, err := a.pipelined(ctx, conn)
+	a.claimSent = time.Now()
+	rec, outcome, err = a.pipelined(ctx, conn)
 	if err != nil || outcome == recovery.OutcomeReplay {
 		return rec, outcome, err
 	}
@@ -454,7 +462,7 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 	switch {
 	case errors.As(cause, &lost):
 		a.e.observeLeaseLost(a.w.name)
-		a.e.logger.WarnContext(ctx, "lease lost; this attempt's uncommitted writes rolled back", a.logAttrs(step)...)
+		a.e.logger.WarnContext(ctx, "lease lost; this attempt's uncommitted writes rolled back", a.logAttrs(step, slog.Any("error", cause))...)
 		return nil, stepErr
 	case errors.As(cause, &panicErr):
 		a.e.logger.ErrorContext(ctx, "workflow step panicked",

@@ -490,15 +490,30 @@ func TestCancelledCallerReleases(t *testing.T) {
 
 // swapBeforeTakeover gives acme's record to another workflow just before
 // the takeover statement runs, as when the key was pruned and reused by
-// another operation between the completer's read and its takeover.
+// another operation between the completer's read and its takeover. A claim
+// takes its own connection first (so that a wait for the pool is not
+// counted against its lease), so the swap happens when a connection is
+// taken as well as when a claim goes through the pool.
 type swapBeforeTakeover struct {
 	*pgxpool.Pool
 }
 
+func (s swapBeforeTakeover) swap(ctx context.Context) error {
+	_, err := s.Pool.Exec(ctx, `UPDATE onceflow_keys SET workflow = 'other' WHERE tenant_id = $1 AND key = $2`,
+		acme.Tenant, acme.ID)
+	return err
+}
+
+func (s swapBeforeTakeover) Acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	if err := s.swap(ctx); err != nil {
+		return nil, err
+	}
+	return s.Pool.Acquire(ctx)
+}
+
 func (s swapBeforeTakeover) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if strings.Contains(sql, "WITH existing AS") {
-		if _, err := s.Pool.Exec(ctx, `UPDATE onceflow_keys SET workflow = 'other' WHERE tenant_id = $1 AND key = $2`,
-			acme.Tenant, acme.ID); err != nil {
+		if err := s.swap(ctx); err != nil {
 			return errRow{err}
 		}
 	}

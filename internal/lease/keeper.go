@@ -19,6 +19,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/onceflow/onceflow/recovery"
 )
 
@@ -26,6 +28,24 @@ import (
 // token, and returns its new end by the database clock. It returns an error
 // matching recovery.ErrLeaseLost when the key was taken over.
 type RenewFunc func(ctx context.Context) (until time.Time, err error)
+
+// Pool gives out connections; *pgxpool.Pool satisfies it.
+type Pool interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+// Send runs fn on a connection taken from pool and returns when fn's
+// statement was sent: after the connection was acquired, so that a wait for
+// a busy pool is not counted as lease time already spent.
+func Send(ctx context.Context, pool Pool, fn func(conn *pgxpool.Conn) error) (time.Time, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer conn.Release()
+	sent := time.Now()
+	return sent, fn(conn)
+}
 
 // Keeper holds one attempt's lease.
 type Keeper struct {
