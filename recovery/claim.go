@@ -124,8 +124,13 @@ func checkRequest(request []byte) ([]byte, error) {
 
 // claimFrom decides the claim from row, the claim statement's result when
 // the caller already sent it, or runs the statement itself. It runs the
-// statement again after losing a race to a concurrent first claim.
+// statement again after losing a race to a concurrent first claim, and,
+// outside a transaction, once after a lock timeout: when many first claims
+// of one fresh key race on a busy server, each can wait out the timeout on
+// another's half-done insert, so that none wins; the re-run finds the
+// winner's row or wins itself.
 func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pgx.Row) (*Record, Outcome, error) {
+	lockRetry := !s.inTx
 	for range claimRetries {
 		if row == nil {
 			row = s.db.QueryRow(ctx, s.sql.claim, args...)
@@ -140,6 +145,10 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pg
 			continue // a concurrent first claim committed after our snapshot
 		}
 		if err != nil {
+			if lockRetry && isLockTimeout(err) {
+				lockRetry = false
+				continue
+			}
 			return nil, 0, claimError(p.Key, err)
 		}
 		switch {

@@ -42,7 +42,9 @@ func (s *Store) BeginAndClaim(ctx context.Context, conn Conn, begin string, p Cl
 		_ = br.Close()
 		return nil, 0, claimError(p.Key, err)
 	}
-	rec, outcome, err := s.WithConn(conn).claimFrom(ctx, p, args, collectedRow{rows: rows, close: br.Close})
+	inTx := s.WithConn(conn)
+	inTx.inTx = true // the claim runs in the transaction begin opened
+	rec, outcome, err := inTx.claimFrom(ctx, p, args, collectedRow{rows: rows, close: br.Close})
 	if closeErr := br.Close(); err == nil && closeErr != nil {
 		return nil, 0, fmt.Errorf("claim key: %w", closeErr)
 	}

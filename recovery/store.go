@@ -56,6 +56,7 @@ type Store struct {
 	sql     *queries
 	headers map[string]bool
 	lease   int64 // microseconds
+	inTx    bool  // db is a transaction: a failed statement ends it
 }
 
 // New returns a Store that runs its statements on db.
@@ -83,7 +84,7 @@ func New(db DBTX, cfg Config) (*Store, error) {
 // commits or rolls back together with the caller's own writes.
 func (s *Store) WithTx(tx pgx.Tx) *Store {
 	c := *s
-	c.db = tx
+	c.db, c.inTx = tx, true
 	return &c
 }
 
