@@ -181,7 +181,7 @@ func TestSchemaNameCannotInject(t *testing.T) {
 	url := dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true, Settings: map[string]string{"check_function_bodies": "off"}})
 	db := dbtest.Connect(t, url, 2)
 	for _, schema := range []string{
-		`x$$ LANGUAGE sql; CREATE TABLE public.pwned (); CREATE FUNCTION public.f() RETURNS int AS $$`,
+		`a$$;CREATE TABLE IF NOT EXISTS public.pwned();SELECT $$`, // within 63 bytes,
 		`x"; CREATE TABLE public.pwned (); --`,
 	} {
 		_, err := migrations.New(db, migrations.Config{Schema: schema})
