@@ -20,7 +20,7 @@ import (
 type serveProcess struct {
 	proc   *child.Process
 	URL    string
-	APIKey string // the key serve made, when it was given none
+	APIKey string          // the key serve made, when it was given none
 	done   <-chan struct{} // closed when the process has exited
 	mu     sync.Mutex
 	stderr bytes.Buffer
