@@ -109,6 +109,12 @@ func (e *env) do(method, url, key, tenant, body string) call {
 	}
 	authorize(req, tenant)
 	req.Header.Set("Content-Type", "application/json")
+	return e.send(req)
+}
+
+// send sends req and reads the answer.
+func (e *env) send(req *http.Request) call {
+	e.t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(e.t, err)
 	defer resp.Body.Close()

@@ -70,11 +70,7 @@ func (p *provider) charge(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
 	}
-	// The request as JSON: no two requests share it, as "%d|%s|%s" let a
-	// currency holding "|" do.
-	canonical, _ := json.Marshal(req)
-	sum := sha256.Sum256(canonical)
-	fingerprint := hex.EncodeToString(sum[:])
+	fingerprint := req.fingerprint()
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -99,6 +95,15 @@ func (p *provider) charge(w http.ResponseWriter, r *http.Request) {
 	}
 	p.byKey[key] = answer
 	writeBody(w, answer.status, answer.body)
+}
+
+// fingerprint identifies the request: it hashes the request as JSON, which
+// no two requests share ("%d|%s|%s" let a currency holding "|" match
+// another request).
+func (r ChargeRequest) fingerprint() string {
+	canonical, _ := json.Marshal(r)
+	sum := sha256.Sum256(canonical)
+	return hex.EncodeToString(sum[:])
 }
 
 // validate refuses what a real provider would: an amount that is not
