@@ -47,13 +47,13 @@ func demo(ctx context.Context, out io.Writer) error {
 	defer os.RemoveAll(keys)
 	client := demoClient{token: newAPIKey()}
 	keysFile := filepath.Join(keys, "api-keys")
-	if err := os.WriteFile(keysFile, []byte(client.token+" "+demoTenantName+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(keysFile, []byte(client.token+" "+demoClientTenant+"\n"), 0o600); err != nil {
 		return err
 	}
 	common := []string{"--database-url", cluster.URL(), "--provider-url", "http://" + providerAddr, "--lease", "2s", "--sweep-every", "1h",
 		"--api-keys", keysFile}
 	say("• started a throwaway PostgreSQL and a fake payment provider")
-	say("• the client is tenant %s; every request sends Authorization: Bearer %s", demoTenantName, client.token)
+	say("• the client is tenant %s; every request sends Authorization: Bearer %s", demoClientTenant, client.token)
 
 	server, err := startServe(ctx, exe, append(common, "--crash-after", "charge")...)
 	if err != nil {
@@ -73,7 +73,7 @@ func demo(ctx context.Context, out io.Writer) error {
 	}
 	defer db.Close()
 	store, _ := recovery.New(db, recovery.Config{})
-	rec, err := store.Load(ctx, recovery.Key{Tenant: demoTenantName, ID: key})
+	rec, err := store.Load(ctx, recovery.Key{Tenant: demoClientTenant, ID: key})
 	if err != nil {
 		return err
 	}
@@ -111,8 +111,8 @@ func demo(ctx context.Context, out io.Writer) error {
 	return nil
 }
 
-// demoTenantName is the demo client's tenant.
-const demoTenantName = "acme"
+// demoClientTenant is the demo client's tenant.
+const demoClientTenant = "acme"
 
 // demoClient is the demo's client, with its API key.
 type demoClient struct{ token string }
