@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/internal/dbschema"
 	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/migrations"
 )
@@ -136,12 +137,13 @@ func TestSchemaIsQualifiedExplicitly(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(db.Close)
 
-	m, err := migrations.New(db, migrations.Config{Schema: `Billing "EU"`})
+	m, err := migrations.New(db, migrations.Config{Schema: "Billing_EU"})
 	require.NoError(t, err)
 	_, err = m.Up(ctx)
 	require.NoError(t, err)
 
-	require.True(t, tableExists(t, db, `"Billing ""EU""".onceflow_keys`))
+	require.True(t, tableExists(t, db, `"Billing_EU".onceflow_keys`), "the name is quoted: its case is kept")
+	require.False(t, tableExists(t, db, `billing_eu.onceflow_keys`))
 	require.False(t, tableExists(t, db, `public.onceflow_keys`))
 	version, err := m.Version(ctx)
 	require.NoError(t, err)
@@ -167,6 +169,31 @@ func TestInvalidTargetAndSchema(t *testing.T) {
 
 	_, err = migrations.New(db, migrations.Config{Schema: string(make([]byte, 64))})
 	require.Error(t, err)
+}
+
+// TestSchemaNameCannotInject: a schema name is written into the migrations'
+// SQL, inside dollar-quoted function bodies too, where quoting the name
+// protects nothing. A name that would break out of the body ($$), or out of
+// its quotes ("), is refused before anything runs, and no migration quotes
+// a body with the bare $$ tag.
+func TestSchemaNameCannotInject(t *testing.T) {
+	t.Parallel()
+	url := dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true, Settings: map[string]string{"check_function_bodies": "off"}})
+	db := dbtest.Connect(t, url, 2)
+	for _, schema := range []string{
+		`a$$;CREATE TABLE IF NOT EXISTS public.pwned();SELECT $$`, // within 63 bytes,
+		`x"; CREATE TABLE public.pwned (); --`,
+	} {
+		_, err := migrations.New(db, migrations.Config{Schema: schema})
+		require.ErrorIs(t, err, dbschema.ErrInvalid, "%q", schema)
+	}
+	require.False(t, tableExists(t, db, "public.pwned"))
+
+	for _, m := range migrations.All() {
+		up, down := migrations.Bodies(m)
+		require.NotContains(t, up, "$$", "migration %d up: a dollar-quoted body needs a named tag", m.Version)
+		require.NotContains(t, down, "$$", "migration %d down: a dollar-quoted body needs a named tag", m.Version)
+	}
 }
 
 func TestNewerDatabaseIsRefused(t *testing.T) {

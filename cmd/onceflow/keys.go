@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/recovery"
@@ -47,11 +48,11 @@ func newKeysList(opts *options) *cobra.Command {
 			default:
 				return usageError{fmt.Errorf("--status must be in_flight, completed or failed, not %q", status)}
 			}
-			store, done, err := opts.store(cmd)
+			store, db, err := opts.store(cmd)
 			if err != nil {
 				return err
 			}
-			defer done()
+			defer db.Close()
 			recs, err := store.List(cmd.Context(), f)
 			if err != nil {
 				return err
@@ -86,11 +87,11 @@ func newKeysShow(opts *options) *cobra.Command {
 		Short: "Show one key's record, with its request, state and response",
 		Args:  args(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, a []string) error {
-			store, done, err := opts.store(cmd)
+			store, db, err := opts.store(cmd)
 			if err != nil {
 				return err
 			}
-			defer done()
+			defer db.Close()
 			rec, err := store.Load(cmd.Context(), recovery.Key{Tenant: a[0], ID: a[1]})
 			if err != nil {
 				return err
@@ -124,55 +125,83 @@ func newKeysShow(opts *options) *cobra.Command {
 }
 
 func newKeysRelease(opts *options) *cobra.Command {
-	var reason string
+	var (
+		reason string
+		force  bool
+	)
 	cmd := &cobra.Command{
 		Use:   "release TENANT KEY",
 		Short: "Hand a key's lease back so that a retry or the sweeper resumes it at once",
 		Long: `release ends the lease of a key in flight, as if its holder had failed: the record
 stays at its recovery point, its attempts grow by one, and the next claim takes it
-over at once. Whoever held the lease is fenced out: its next write fails.`,
+over at once. Whoever held the lease is fenced out: its next write fails.
+
+A key whose lease is still valid may have a holder at work: release refuses it
+unless --force is given.`,
 		Args: args(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, a []string) error {
-			return opts.onInFlight(cmd, recovery.Key{Tenant: a[0], ID: a[1]}, func(store *recovery.Store, rec *recovery.Record) error {
+			return opts.onInFlight(cmd, recovery.Key{Tenant: a[0], ID: a[1]}, force, func(store *recovery.Store, rec *recovery.Record) error {
 				return store.Release(cmd.Context(), rec.Fence(), "released by an operator: "+reason)
 			}, "released")
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "no reason given", "why, kept as the key's last error")
+	cmd.Flags().BoolVar(&force, "force", false, "release the key even though its lease is still valid")
 	return cmd
 }
 
 func newKeysFail(opts *options) *cobra.Command {
-	var reason string
+	var (
+		reason string
+		force  bool
+	)
 	cmd := &cobra.Command{
 		Use:   "fail TENANT KEY",
 		Short: "Fail a key terminally: retries get a stored 500 and nothing runs again",
-		Args:  args(cobra.ExactArgs(2)),
+		Long: `fail ends a key in flight for good: its retries get a stored 500 and nothing runs
+again. Whoever held the lease is fenced out: its next write fails.
+
+A key whose lease is still valid may have a holder at work: fail refuses it
+unless --force is given.`,
+		Args: args(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, a []string) error {
-			return opts.onInFlight(cmd, recovery.Key{Tenant: a[0], ID: a[1]}, func(store *recovery.Store, rec *recovery.Record) error {
+			return opts.onInFlight(cmd, recovery.Key{Tenant: a[0], ID: a[1]}, force, func(store *recovery.Store, rec *recovery.Record) error {
 				resp := workflow.Problem(http.StatusInternalServerError, "the operation was stopped and will not be retried")
 				return store.Fail(cmd.Context(), rec.Fence(), resp, "failed by an operator: "+reason)
 			}, "failed")
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "no reason given", "why, kept as the key's last error")
+	cmd.Flags().BoolVar(&force, "force", false, "fail the key even though its lease is still valid")
 	return cmd
 }
 
 // onInFlight loads key and applies change, fenced by the owner token it
-// read: if the key changed hands meanwhile, nothing is written.
-func (o *options) onInFlight(cmd *cobra.Command, key recovery.Key, change func(*recovery.Store, *recovery.Record) error, verb string) error {
-	store, done, err := o.store(cmd)
+// read: if the key changed hands meanwhile, nothing is written. A key whose
+// lease is valid by the database clock is left alone unless force.
+func (o *options) onInFlight(cmd *cobra.Command, key recovery.Key, force bool, change func(*recovery.Store, *recovery.Record) error, verb string) error {
+	ctx := cmd.Context()
+	store, db, err := o.store(cmd)
 	if err != nil {
 		return err
 	}
-	defer done()
-	rec, err := store.Load(cmd.Context(), key)
+	defer db.Close()
+	rec, err := store.Load(ctx, key)
 	if err != nil {
 		return err
 	}
 	if rec.Finished() {
 		return fmt.Errorf("key %q of tenant %q is %s: nothing to change", key.ID, key.Tenant, rec.Status)
+	}
+	if !force && !rec.Released {
+		var left time.Duration
+		if err := db.QueryRow(ctx, `SELECT $1::timestamptz - clock_timestamp()`, rec.LockedUntil).Scan(&left); err != nil {
+			return fmt.Errorf("read the database clock: %w", err)
+		}
+		if left > 0 {
+			return fmt.Errorf("key %q of tenant %q is leased for %s more (until %s): its holder may still be at work; wait for the lease to end, or pass --force",
+				key.ID, key.Tenant, left.Round(time.Millisecond), rec.LockedUntil.Format(time.RFC3339Nano))
+		}
 	}
 	if err := change(store, rec); err != nil {
 		if errors.Is(err, recovery.ErrLeaseLost) {
@@ -184,7 +213,9 @@ func (o *options) onInFlight(cmd *cobra.Command, key recovery.Key, change func(*
 	return nil
 }
 
-func (o *options) store(cmd *cobra.Command) (*recovery.Store, func(), error) {
+// store connects and returns the key store and its pool, which the caller
+// closes.
+func (o *options) store(cmd *cobra.Command) (*recovery.Store, *pgxpool.Pool, error) {
 	db, err := o.connect(cmd.Context())
 	if err != nil {
 		return nil, nil, err
@@ -194,7 +225,7 @@ func (o *options) store(cmd *cobra.Command) (*recovery.Store, func(), error) {
 		db.Close()
 		return nil, nil, err
 	}
-	return store, db.Close, nil
+	return store, db, nil
 }
 
 // keyJSON is a record as the --json output shows it.

@@ -38,7 +38,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(stderr, "onceflow: %s\n", oneLine(err.Error()))
+	fmt.Fprintf(stderr, "onceflow: %s\n", printable(oneLine(err.Error())))
 	var usage usageError
 	if errors.As(err, &usage) || strings.HasPrefix(err.Error(), "unknown command") {
 		return 2

@@ -176,8 +176,9 @@ func TestKeys(t *testing.T) {
 	require.Contains(t, ok(t, "keys", "show", "globex", "stuck", db), "create_order")
 	require.Contains(t, fails(t, 1, "keys", "show", "acme", "nope", db), "not found")
 
+	expireLease(t, url, "stuck")
 	require.Equal(t, "released key \"stuck\" of tenant \"globex\"\n", ok(t, "keys", "release", "globex", "stuck", "--reason", "node gone", db))
-	require.Equal(t, "failed key \"running\" of tenant \"globex\"\n", ok(t, "keys", "fail", "globex", "running", db))
+	require.Equal(t, "failed key \"running\" of tenant \"globex\"\n", ok(t, "keys", "fail", "globex", "running", "--force", db))
 	require.Contains(t, fails(t, 1, "keys", "release", "acme", "done", db), "is completed: nothing to change")
 
 	store, err := recovery.New(dbtest.Connect(t, url, 2), recovery.Config{})
@@ -190,6 +191,120 @@ func TestKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, recovery.StatusFailed, failed.Status)
 	require.Equal(t, 500, failed.Response.Status)
+}
+
+// expireLease ends the lease of the key id, as a holder that stopped
+// renewing it would have.
+func expireLease(t *testing.T, url, id string) {
+	t.Helper()
+	_, err := dbtest.Connect(t, url, 1).Exec(context.Background(),
+		`UPDATE onceflow_keys SET locked_until = clock_timestamp() - interval '1 second' WHERE key = $1`, id)
+	require.NoError(t, err)
+}
+
+// TestKeysLeaveALiveLeaseAlone: release and fail refuse a key whose lease
+// is still valid, since its holder may be at work (a release would let a
+// second attempt run beside it); --force overrides, and a lease that ran
+// out needs no --force.
+func TestKeysLeaveALiveLeaseAlone(t *testing.T) {
+	t.Parallel()
+	url := dbtest.NewDatabase(t, dbtest.Options{})
+	db := "--database-url=" + url
+	seedKeys(t, url)
+	store, err := recovery.New(dbtest.Connect(t, url, 2), recovery.Config{})
+	require.NoError(t, err)
+	load := func(id string) *recovery.Record {
+		t.Helper()
+		rec, err := store.Load(context.Background(), recovery.Key{Tenant: "globex", ID: id})
+		require.NoError(t, err)
+		return rec
+	}
+	before := load("running")
+	require.Equal(t, recovery.StatusInFlight, before.Status)
+	for _, verb := range []string{"release", "fail"} {
+		msg := fails(t, 1, "keys", verb, "globex", "running", db)
+		require.Contains(t, msg, "pass --force", verb)
+		require.Contains(t, msg, "its holder may still be at work", verb)
+	}
+	after := load("running")
+	require.Equal(t, before.UpdatedAt, after.UpdatedAt, "nothing was written")
+	require.False(t, after.Released)
+
+	require.Equal(t, "released key \"running\" of tenant \"globex\"\n", ok(t, "keys", "release", "globex", "running", "--force", db))
+	require.True(t, load("running").Released)
+	expireLease(t, url, "stuck")
+	require.Equal(t, "failed key \"stuck\" of tenant \"globex\"\n", ok(t, "keys", "fail", "globex", "stuck", db))
+	require.Equal(t, recovery.StatusFailed, load("stuck").Status)
+}
+
+// TestKeysOutputEscapesTerminalSequences: stored bodies and errors come from
+// clients; keys show and keys list, as tables and as JSON, and the error
+// line, write the characters a terminal acts on as escapes.
+func TestKeysOutputEscapesTerminalSequences(t *testing.T) {
+	t.Parallel()
+	url := dbtest.NewDatabase(t, dbtest.Options{})
+	db := "--database-url=" + url
+	seedKeys(t, url)
+	// Set the title, clear the screen, an 8-bit CSI, DEL, and a right-to-left override.
+	const attack = "\x1b]0;pwned\x07\x1b[2J\u009b31m\x7f\u202eevil"
+	_, err := dbtest.Connect(t, url, 1).Exec(context.Background(), `UPDATE onceflow_keys
+		SET response_body = CASE key WHEN 'done' THEN convert_to($1, 'UTF8') END,
+		    last_error = CASE key WHEN 'stuck' THEN $1 END
+		WHERE key IN ('done', 'stuck')`, attack)
+	require.NoError(t, err)
+	raw := []string{"\x1b", "\x07", "\u009b", "\x7f", "\u202e"}
+	clean := func(out, what string) {
+		t.Helper()
+		for _, c := range raw {
+			require.NotContains(t, out, c, "%s holds %q raw: %q", what, c, out)
+		}
+	}
+
+	shown := ok(t, "keys", "show", "acme", "done", db)
+	clean(shown, "keys show")
+	require.Contains(t, shown, `\x1b]0;pwned\a\x1b[2J\u009b31m\x7f\u202eevil`)
+	listed := ok(t, "keys", "list", db)
+	clean(listed, "keys list")
+	require.Contains(t, listed, `\x1b]0;pwned`)
+
+	asJSON := ok(t, "keys", "show", "acme", "done", "--json", db)
+	clean(asJSON, "keys show --json")
+	var shownJSON struct{ Response struct{ Body string } }
+	require.NoError(t, json.Unmarshal([]byte(asJSON), &shownJSON))
+	require.Equal(t, attack, shownJSON.Response.Body, "the JSON still decodes to the stored bytes")
+	listJSON := ok(t, "keys", "list", "--json", db)
+	clean(listJSON, "keys list --json")
+	var listedJSON []struct {
+		LastError string `json:"last_error"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(listJSON), &listedJSON))
+	require.Contains(t, []string{listedJSON[0].LastError, listedJSON[1].LastError, listedJSON[2].LastError}, attack)
+
+	msg := fails(t, 1, "keys", "list", "--database-url=postgres://x@127.0.0.1:1/db"+attack)
+	clean(msg, "the error line")
+	require.Contains(t, msg, `\x1b]0;pwned`)
+}
+
+// TestSchemaInjectionIsRefused: --schema is written into SQL, inside
+// dollar-quoted function bodies too; a name that would break out of them
+// ($$) or out of its quotes (") is a usage error before anything runs.
+func TestSchemaInjectionIsRefused(t *testing.T) {
+	t.Parallel()
+	url := dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true, Settings: map[string]string{"check_function_bodies": "off"}})
+	db := "--database-url=" + url
+	for _, schema := range []string{
+		`a$$;CREATE TABLE IF NOT EXISTS public.pwned();SELECT $$`, // within 63 bytes,
+		`x"; CREATE TABLE public.pwned (); --`,
+	} {
+		for _, args := range [][]string{{"migrate", "up"}, {"keys", "list"}, {"outbox", "list"}, {"sweeper", "--once"}} {
+			msg := fails(t, 2, append(args, "--schema", schema, db)...)
+			require.Contains(t, msg, "invalid schema name", "%v", args)
+		}
+	}
+	var tables int
+	require.NoError(t, dbtest.Connect(t, url, 1).QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_class WHERE relname IN ('pwned', 'onceflow_migrations', 'onceflow_keys')`).Scan(&tables))
+	require.Zero(t, tables, "nothing ran")
 }
 
 func TestOutbox(t *testing.T) {

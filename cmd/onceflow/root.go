@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/onceflow/onceflow/internal/dbschema"
 	"github.com/onceflow/onceflow/internal/pgcluster"
 )
 
@@ -32,6 +33,13 @@ sweeper that prunes finished keys and reports abandoned ones, and lets an
 operator inspect and unstick idempotency keys and outbox messages.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+	}
+	// The schema is checked before anything connects: it is written into SQL.
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		if _, err := dbschema.Resolve(opts.schema); err != nil {
+			return usageError{fmt.Errorf("--schema: %w", err)}
+		}
+		return nil
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)

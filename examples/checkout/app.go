@@ -9,14 +9,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/foreign"
-	"github.com/onceflow/onceflow/idemhttp"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/workflow"
@@ -39,14 +41,21 @@ type Item struct {
 
 var currencies = map[string]bool{"usd": true, "eur": true, "gbp": true}
 
+// Limits of a checkout request.
+const (
+	maxAmountCents = 1_000_000_000 // ten million in the currency's unit
+	maxItems       = 100
+	maxText        = 255 // bytes of any string
+)
+
 // Validate refuses a request before any record is made (422).
 func (r CheckoutRequest) Validate() error {
 	var problems []string
 	if strings.TrimSpace(r.CustomerID) == "" {
 		problems = append(problems, "customer_id is required")
 	}
-	if r.AmountCents <= 0 {
-		problems = append(problems, "amount_cents must be positive")
+	if r.AmountCents <= 0 || r.AmountCents > maxAmountCents {
+		problems = append(problems, fmt.Sprintf("amount_cents must be between 1 and %d", maxAmountCents))
 	}
 	if !currencies[r.Currency] {
 		problems = append(problems, fmt.Sprintf("currency %q is not one of usd, eur, gbp", r.Currency))
@@ -54,18 +63,36 @@ func (r CheckoutRequest) Validate() error {
 	if !strings.HasPrefix(r.CardToken, "tok_") {
 		problems = append(problems, "card_token must be a tok_ token")
 	}
-	if len(r.Items) == 0 {
-		problems = append(problems, "items must not be empty")
+	if len(r.Items) == 0 || len(r.Items) > maxItems {
+		problems = append(problems, fmt.Sprintf("items must hold 1 to %d items", maxItems))
 	}
+	texts := map[string]string{"customer_id": r.CustomerID, "currency": r.Currency, "card_token": r.CardToken}
 	for i, it := range r.Items {
 		if it.SKU == "" || it.Qty <= 0 {
 			problems = append(problems, fmt.Sprintf("items[%d] needs a sku and a positive qty", i))
+		}
+		texts[fmt.Sprintf("items[%d].sku", i)] = it.SKU
+	}
+	for _, field := range slices.Sorted(maps.Keys(texts)) {
+		if problem := textProblem(texts[field]); problem != "" {
+			problems = append(problems, field+" "+problem)
 		}
 	}
 	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+// textProblem says what is wrong with a string of a request, or "".
+func textProblem(s string) string {
+	if len(s) > maxText {
+		return fmt.Sprintf("is %d bytes, longer than %d", len(s), maxText)
+	}
+	if i := strings.IndexFunc(s, unicode.IsControl); i >= 0 {
+		return fmt.Sprintf("holds a control character at byte %d", i)
+	}
+	return ""
 }
 
 // CheckoutState is the workflow's state, committed at every step.
@@ -210,9 +237,9 @@ func (a *app) sendReceipt(ctx context.Context, m *outbox.Record) error {
 
 // getOrder serves GET /v1/orders/{order_id}, for the order's tenant only.
 func (a *app) getOrder(w http.ResponseWriter, r *http.Request) {
-	tenant := idemhttp.TenantFromHeader(idemhttp.TenantHeaderDefault)(r)
-	if tenant == "" {
-		writeProblem(w, workflow.Problem(http.StatusUnauthorized, "no tenant: the request does not say whose it is"))
+	tenant, err := authenticatedTenant(r)
+	if err != nil {
+		writeProblem(w, workflow.Problem(http.StatusUnauthorized, err.Error()))
 		return
 	}
 	var order struct {
@@ -224,7 +251,7 @@ func (a *app) getOrder(w http.ResponseWriter, r *http.Request) {
 		Currency    string  `json:"currency"`
 		ReceiptSent bool    `json:"receipt_sent"`
 	}
-	err := a.db.QueryRow(r.Context(), `
+	err = a.db.QueryRow(r.Context(), `
 		SELECT o.id, o.customer_id, o.status, o.charge_id, o.amount_cents, o.currency, r.order_id IS NOT NULL
 		FROM checkout_orders o LEFT JOIN checkout_receipts r ON r.order_id = o.id
 		WHERE o.id = $1 AND o.tenant_id = $2`, r.PathValue("order_id"), tenant).

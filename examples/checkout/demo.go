@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -30,7 +31,7 @@ func demo(ctx context.Context, out io.Writer) error {
 	}
 	defer cluster.Stop()
 	provider := newProvider()
-	srv, providerAddr, err := listen(ctx, "127.0.0.1:0", provider.routes())
+	srv, providerAddr, err := listen(ctx, "127.0.0.1:0", provider.routes(), defaultLimits)
 	if err != nil {
 		return err
 	}
@@ -39,8 +40,20 @@ func demo(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	common := []string{"--database-url", cluster.URL(), "--provider-url", "http://" + providerAddr, "--lease", "2s", "--sweep-every", "1h"}
+	keys, err := os.MkdirTemp("", "checkout-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(keys)
+	client := demoClient{token: newAPIKey()}
+	keysFile := filepath.Join(keys, "api-keys")
+	if err := os.WriteFile(keysFile, []byte(client.token+" "+demoClientTenant+"\n"), 0o600); err != nil {
+		return err
+	}
+	common := []string{"--database-url", cluster.URL(), "--provider-url", "http://" + providerAddr, "--lease", "2s", "--sweep-every", "1h",
+		"--api-keys", keysFile}
 	say("• started a throwaway PostgreSQL and a fake payment provider")
+	say("• the client is tenant %s; every request sends Authorization: Bearer %s", demoClientTenant, client.token)
 
 	server, err := startServe(ctx, exe, append(common, "--crash-after", "charge")...)
 	if err != nil {
@@ -49,7 +62,7 @@ func demo(ctx context.Context, out io.Writer) error {
 	defer server.Kill() // on the way out, whatever happened
 	key := demoKey()
 	say("• POST /v1/checkouts  Idempotency-Key: %s  (the server will die right after the charge)", key)
-	if _, err := post(ctx, server.URL, key); err == nil {
+	if _, err := client.post(ctx, server.URL, key); err == nil {
 		return errors.New("the server answered although it should have died")
 	}
 	say("  → no answer: the server exited with code %d before recording the charge", server.Wait())
@@ -60,7 +73,7 @@ func demo(ctx context.Context, out io.Writer) error {
 	}
 	defer db.Close()
 	store, _ := recovery.New(db, recovery.Config{})
-	rec, err := store.Load(ctx, recovery.Key{Tenant: "acme", ID: key})
+	rec, err := store.Load(ctx, recovery.Key{Tenant: demoClientTenant, ID: key})
 	if err != nil {
 		return err
 	}
@@ -73,7 +86,7 @@ func demo(ctx context.Context, out io.Writer) error {
 	}
 	defer server.Kill()
 	say("• restarted the server; the client retries with the same key")
-	first, err := retryUntilDone(ctx, server.URL, key, say)
+	first, err := client.retryUntilDone(ctx, server.URL, key, say)
 	if err != nil {
 		return err
 	}
@@ -85,7 +98,7 @@ func demo(ctx context.Context, out io.Writer) error {
 	charges, requests = provider.counts()
 	say("• resumed after %q: %d order, %d charge (the provider saw %d requests with one key)", rec.RecoveryPoint, orders, charges, requests)
 
-	again, err := post(ctx, server.URL, key)
+	again, err := client.post(ctx, server.URL, key)
 	if err != nil {
 		return err
 	}
@@ -98,8 +111,14 @@ func demo(ctx context.Context, out io.Writer) error {
 	return nil
 }
 
-// demoClient gives up on a server that hangs rather than hang the demo.
-var demoClient = &http.Client{Timeout: 30 * time.Second}
+// demoClientTenant is the demo client's tenant.
+const demoClientTenant = "acme"
+
+// demoClient is the demo's client, with its API key.
+type demoClient struct{ token string }
+
+// demoHTTP gives up on a server that hangs rather than hang the demo.
+var demoHTTP = &http.Client{Timeout: 30 * time.Second}
 
 type answer struct {
 	status     int
@@ -109,15 +128,15 @@ type answer struct {
 }
 
 // post sends the demo's checkout with key.
-func post(ctx context.Context, base, key string) (answer, error) {
+func (c demoClient) post(ctx context.Context, base, key string) (answer, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/checkouts", bytes.NewReader([]byte(demoBody)))
 	if err != nil {
 		return answer{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("X-Tenant-ID", "acme")
-	resp, err := demoClient.Do(req)
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	resp, err := demoHTTP.Do(req)
 	if err != nil {
 		return answer{}, err
 	}
@@ -128,9 +147,9 @@ func post(ctx context.Context, base, key string) (answer, error) {
 
 // retryUntilDone posts until the answer is not 409, waiting as Retry-After
 // says, as a well-behaved client does.
-func retryUntilDone(ctx context.Context, base, key string, say func(string, ...any)) (answer, error) {
+func (c demoClient) retryUntilDone(ctx context.Context, base, key string, say func(string, ...any)) (answer, error) {
 	for range 30 {
-		a, err := post(ctx, base, key)
+		a, err := c.post(ctx, base, key)
 		if err != nil || a.status != http.StatusConflict {
 			return a, err
 		}

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -33,12 +35,15 @@ type env struct {
 	ctx      context.Context
 	dbURL    string
 	provider string
+	// tenants have an API key (apiKeyOf) in the file serve passes as
+	// --api-keys; set it before serve to have others.
+	tenants []string
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	t.Parallel()
-	e := &env{t: t, ctx: context.Background(), dbURL: dbtest.NewDatabase(t, dbtest.Options{})}
+	e := &env{t: t, ctx: context.Background(), dbURL: dbtest.NewDatabase(t, dbtest.Options{}), tenants: []string{"acme", "globex"}}
 	cmd := exec.Command(binary, "provider", "--addr", "127.0.0.1:0")
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -50,8 +55,32 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-// serve starts a checkout server process with args after the common ones.
+// serve starts a checkout server process that authenticates by API key
+// (each of e.tenants has one: tenantKey), with args after the common ones.
 func (e *env) serve(args ...string) *serveProcess {
+	e.t.Helper()
+	var keys strings.Builder
+	for _, tenant := range e.tenants {
+		fmt.Fprintf(&keys, "%s %s\n", apiKeyOf(tenant), tenant)
+	}
+	file := filepath.Join(e.t.TempDir(), "api-keys")
+	require.NoError(e.t, os.WriteFile(file, []byte(keys.String()), 0o600))
+	return e.serveWith(append([]string{"--api-keys", file}, args...)...)
+}
+
+// apiKeyOf is the API key the tests give tenant.
+func apiKeyOf(tenant string) string { return "test-api-key-of-" + tenant }
+
+// authorize makes req tenant's, by its API key; "" leaves it without one.
+func authorize(req *http.Request, tenant string) {
+	if tenant != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKeyOf(tenant))
+	}
+}
+
+// serveWith starts a checkout server process with the database, the
+// provider and args, and no more.
+func (e *env) serveWith(args ...string) *serveProcess {
 	e.t.Helper()
 	p, err := startServe(e.ctx, binary, append([]string{"--database-url", e.dbURL, "--provider-url", e.provider}, args...)...)
 	require.NoError(e.t, err)
@@ -78,10 +107,14 @@ func (e *env) do(method, url, key, tenant, body string) call {
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
-	if tenant != "" {
-		req.Header.Set("X-Tenant-ID", tenant)
-	}
+	authorize(req, tenant)
 	req.Header.Set("Content-Type", "application/json")
+	return e.send(req)
+}
+
+// send sends req and reads the answer.
+func (e *env) send(req *http.Request) call {
+	e.t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(e.t, err)
 	defer resp.Body.Close()
@@ -206,7 +239,7 @@ func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
 			<-start
 			req, _ := http.NewRequest(http.MethodPost, app.URL+"/v1/checkouts", strings.NewReader(order))
 			req.Header.Set("Idempotency-Key", "same")
-			req.Header.Set("X-Tenant-ID", "acme")
+			authorize(req, "acme")
 			resp, err := http.DefaultClient.Do(req)
 			status, body := -1, ""
 			if err == nil {
@@ -274,7 +307,7 @@ func mustRequest(t *testing.T, base, key string) *http.Request {
 	req, err := http.NewRequest(http.MethodPost, base+"/v1/checkouts", strings.NewReader(order))
 	require.NoError(t, err)
 	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("X-Tenant-ID", "acme")
+	authorize(req, "acme")
 	return req
 }
 

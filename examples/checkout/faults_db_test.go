@@ -304,7 +304,7 @@ func dbfaultPost(ctx context.Context, base string, k *dbfaultKey) (dbfaultAnswer
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", k.id)
-	req.Header.Set("X-Tenant-ID", "acme")
+	authorize(req, "acme")
 	resp, err := dbfaultHTTP.Do(req)
 	if err != nil {
 		return dbfaultAnswer{}, err

@@ -278,7 +278,7 @@ func killPost(ctx context.Context, client *http.Client, base, key, body string) 
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("X-Tenant-ID", "acme")
+	authorize(req, "acme")
 	resp, err := client.Do(req)
 	if err != nil {
 		return killAnswer{}, err

@@ -44,7 +44,13 @@ func newRoot() *cobra.Command {
 		Short: "Run the checkout API",
 		Long: `serve runs POST /v1/checkouts (create_order, then charge at the payment provider,
 then record_charge, which also enqueues a receipt) and GET /v1/orders/{order_id},
-with a sweeper that finishes checkouts whose client went away and sends receipts.`,
+with a sweeper that finishes checkouts whose client went away and sends receipts.
+
+Every request is authenticated: with --api-keys FILE, by its bearer token (each
+line of FILE is "TOKEN TENANT"; an X-Tenant-ID header is ignored); with
+--trust-tenant-header, by the X-Tenant-ID header an authenticating proxy sets.
+With neither, serve makes one API key for tenant demo and prints it as
+"export CHECKOUT_API_KEY=...". A missing or unknown key is 401.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return serve(cmd.Context(), f, cmd.OutOrStdout(), cmd.ErrOrStderr())
@@ -59,6 +65,10 @@ with a sweeper that finishes checkouts whose client went away and sends receipts
 	flags.DurationVar(&f.sweepEvery, "sweep-every", 10*time.Second, "how often the sweeper finishes abandoned checkouts and sends receipts")
 	flags.StringVar(&f.crashAfter, "crash-after", "", "exit at once (code 3) right after this step: create_order, charge or record_charge")
 	flags.StringVar(&f.stopAfter, "stop-after", "", "for tests: stop (SIGSTOP to itself) once right after this step, until a SIGCONT")
+	flags.StringVar(&f.apiKeys, "api-keys", "", "file of API keys, one \"TOKEN TENANT\" a line; requests send Authorization: Bearer TOKEN (default: one new key for tenant demo, printed)")
+	flags.BoolVar(&f.trustTenantHeader, "trust-tenant-header", false, "take the tenant from the X-Tenant-ID header instead of an API key: only behind a proxy that authenticates clients and sets it")
+	flags.DurationVar(&f.limits.read, "read-timeout", defaultLimits.read, "how long a client may take to send a request (its headers: at most 10s of it)")
+	flags.DurationVar(&f.limits.write, "write-timeout", defaultLimits.write, "how long a request may take from its headers read to its answer written")
 
 	var providerAddr string
 	providerCmd := &cobra.Command{
@@ -69,7 +79,7 @@ answers the same; the same key with another body is 422; card tok_decline is 402
 and GET /charges, which lists every charge made.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			srv, addr, err := listen(cmd.Context(), providerAddr, newProvider().routes())
+			srv, addr, err := listen(cmd.Context(), providerAddr, newProvider().routes(), defaultLimits)
 			if err != nil {
 				return err
 			}

@@ -20,6 +20,7 @@ import (
 type serveProcess struct {
 	proc   *child.Process
 	URL    string
+	APIKey string          // the key serve made, when it was given none
 	done   <-chan struct{} // closed when the process has exited
 	mu     sync.Mutex
 	stderr bytes.Buffer
@@ -42,18 +43,24 @@ func startServe(ctx context.Context, exe string, args ...string) (*serveProcess,
 		<-p.done // every byte of stdout has been copied into the pipe
 		_ = stdoutW.Close()
 	}()
-	urls := make(chan string, 1)
+	type started struct{ url, apiKey string }
+	urls := make(chan started, 1)
 	go func() {
 		lines := bufio.NewScanner(stdout)
+		var apiKey string
 		for lines.Scan() {
+			if key, found := strings.CutPrefix(lines.Text(), "export CHECKOUT_API_KEY="); found {
+				apiKey = key
+			}
 			if url, found := strings.CutPrefix(lines.Text(), "listening on "); found {
-				urls <- url
+				urls <- started{url, apiKey}
 			}
 		}
 		_, _ = io.Copy(io.Discard, stdout) // a line too long for the scanner
 	}()
 	select {
-	case p.URL = <-urls:
+	case s := <-urls:
+		p.URL, p.APIKey = s.url, s.apiKey
 		return p, nil
 	case <-p.done:
 		return nil, fmt.Errorf("checkout serve exited before listening: %v: %s", p.proc.Err(), p.Stderr())

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -55,19 +56,21 @@ func (p *provider) routes() http.Handler {
 }
 
 func (p *provider) charge(w http.ResponseWriter, r *http.Request) {
-	key := strings.Trim(r.Header.Get(foreign.Header), `"`)
 	var req ChargeRequest
 	buf := new(bytes.Buffer)
 	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, 1<<16)); err != nil || json.Unmarshal(buf.Bytes(), &req) != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "invalid charge request"})
 		return
 	}
-	if key == "" {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "an Idempotency-Key is required"})
+	key, err := providerKey(r.Header.Values(foreign.Header))
+	if err == nil {
+		err = req.validate()
+	}
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
 	}
-	sum := sha256.Sum256(fmt.Appendf(nil, "%d|%s|%s", req.AmountCents, req.Currency, req.CardToken))
-	fingerprint := hex.EncodeToString(sum[:])
+	fingerprint := req.fingerprint()
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -92,6 +95,55 @@ func (p *provider) charge(w http.ResponseWriter, r *http.Request) {
 	}
 	p.byKey[key] = answer
 	writeBody(w, answer.status, answer.body)
+}
+
+// fingerprint identifies the request: it hashes the request as JSON, which
+// no two requests share ("%d|%s|%s" let a currency holding "|" match
+// another request).
+func (r ChargeRequest) fingerprint() string {
+	canonical, _ := json.Marshal(r)
+	sum := sha256.Sum256(canonical)
+	return hex.EncodeToString(sum[:])
+}
+
+// validate refuses what a real provider would: an amount that is not
+// positive, an unknown currency, a card token that is not one.
+func (r ChargeRequest) validate() error {
+	switch {
+	case r.AmountCents <= 0:
+		return errors.New("amount_cents must be positive")
+	case !currencies[r.Currency]:
+		return errors.New("unknown currency")
+	case !strings.HasPrefix(r.CardToken, "tok_"):
+		return errors.New("card_token must be a tok_ token")
+	}
+	return nil
+}
+
+// providerKey reads the Idempotency-Key: one header, holding a bare key of
+// visible ASCII without quotes, commas, semicolons or backslashes, or such
+// a key between one pair of double quotes. Anything looser (a quote on one
+// side only, quotes inside, two keys) is refused: trimming quotes off
+// whatever came would make "k" and k"" and ""k"" one key.
+func providerKey(values []string) (string, error) {
+	if len(values) != 1 {
+		return "", errors.New("exactly one Idempotency-Key header is required")
+	}
+	key := strings.Trim(values[0], " \t")
+	if unquoted, ok := strings.CutPrefix(key, `"`); ok {
+		if key, ok = strings.CutSuffix(unquoted, `"`); !ok {
+			return "", errors.New("the Idempotency-Key has an opening quote and no closing one")
+		}
+	}
+	if key == "" {
+		return "", errors.New("the Idempotency-Key is empty")
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c <= ' ' || c > '~' || strings.IndexByte(`",;\`, c) >= 0 {
+			return "", fmt.Errorf("the Idempotency-Key holds %q at byte %d", c, i)
+		}
+	}
+	return key, nil
 }
 
 func (p *provider) list(w http.ResponseWriter, _ *http.Request) {

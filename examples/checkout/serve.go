@@ -32,6 +32,9 @@ const crashExitCode = 3
 type serveFlags struct {
 	addr, databaseURL, providerURL, crashAfter, stopAfter string
 	lease, sweepEvery, dbTimeout                          time.Duration
+	apiKeys                                               string
+	trustTenantHeader                                     bool
+	limits                                                serverLimits
 }
 
 // serve runs the checkout API until ctx ends.
@@ -39,6 +42,10 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	if f.crashAfter != "" && (f.databaseURL == "" || f.providerURL == "") {
 		return errors.New("--crash-after needs --database-url and --provider-url: the throwaway database and the in-process provider die with the process, and the retry would find nothing to resume")
+	}
+	auth, err := authFrom(f, stdout, logger)
+	if err != nil {
+		return err
 	}
 	url := f.databaseURL
 	if url == "" {
@@ -56,7 +63,7 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	defer db.Close()
 	providerURL := f.providerURL
 	if providerURL == "" {
-		srv, addr, err := listen(ctx, "127.0.0.1:0", newProvider().routes())
+		srv, addr, err := listen(ctx, "127.0.0.1:0", newProvider().routes(), defaultLimits)
 		if err != nil {
 			return err
 		}
@@ -80,13 +87,13 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	checkouts, err := idemhttp.Workflow(engine, checkout, idemhttp.Config{Logger: logger})
+	checkouts, err := idemhttp.Workflow(engine, checkout, idemhttp.Config{Logger: logger, Tenant: idemhttpTenant})
 	if err != nil {
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/checkouts", checkouts)
-	mux.HandleFunc("GET /v1/orders/{order_id}", a.getOrder)
+	mux.Handle("POST /v1/checkouts", authenticated(auth, checkouts))
+	mux.Handle("GET /v1/orders/{order_id}", authenticated(auth, http.HandlerFunc(a.getOrder)))
 
 	s, err := newSweeper(db, engine, a, f.sweepEvery, logger)
 	if err != nil {
@@ -97,7 +104,7 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	}
 	defer s.Stop()
 
-	srv, addr, err := listen(ctx, f.addr, mux)
+	srv, addr, err := listen(ctx, f.addr, mux, f.limits)
 	if err != nil {
 		return err
 	}
@@ -106,6 +113,36 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	shutdown(srv)
 	return nil
 }
+
+// authFrom is the authenticator the flags choose: the API keys of
+// --api-keys, the header of --trust-tenant-header, or with neither one new
+// API key for tenant demo, which it prints.
+func authFrom(f serveFlags, stdout io.Writer, logger *slog.Logger) (authenticator, error) {
+	switch {
+	case f.apiKeys != "" && f.trustTenantHeader:
+		return nil, errors.New("--api-keys and --trust-tenant-header exclude each other: the tenant comes from one or the other")
+	case f.apiKeys != "":
+		keys, err := loadAPIKeys(f.apiKeys)
+		if err != nil {
+			return nil, err
+		}
+		return keys.bearer, nil
+	case f.trustTenantHeader:
+		logger.Warn("the tenant is taken from the " + tenantHeader + " header: only a proxy that authenticates clients and sets it may reach this server")
+		return trustedTenantHeader, nil
+	}
+	token := newAPIKey()
+	keys := apiKeys{}
+	if err := keys.add([]string{token, demoTenant}); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(stdout, "export CHECKOUT_API_KEY=%s\n", token)
+	logger.Info("no --api-keys: made one API key, for tenant " + demoTenant + "; send it as Authorization: Bearer $CHECKOUT_API_KEY")
+	return keys.bearer, nil
+}
+
+// demoTenant is the tenant of the API key serve makes when given none.
+const demoTenant = "demo"
 
 func openDatabase(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	db, err := pgxpool.New(ctx, url)
@@ -216,15 +253,46 @@ func pointAfter(wf workflow.Definition, flag, step string) (workflow.CrashPoint,
 	return point, nil
 }
 
-// listen serves h on addr and returns the server and the address it got.
-func listen(ctx context.Context, addr string, h http.Handler) (*http.Server, string, error) {
+// serverLimits bound what a client can make a server hold: a connection
+// for a request sent slowly, or a response read slowly.
+type serverLimits struct {
+	// read is how long a client may take to send a request, headers and
+	// body; the headers alone get at most maxHeaderWait of it.
+	read time.Duration
+	// write is how long a request may take from its headers read to its
+	// answer written: the checkout's work included.
+	write time.Duration
+}
+
+// defaultLimits are serve's defaults, and the fake provider's.
+var defaultLimits = serverLimits{read: 30 * time.Second, write: 2 * time.Minute}
+
+const (
+	// maxHeaderWait bounds the time to send a request's headers.
+	maxHeaderWait = 10 * time.Second
+	// idleTimeout is how long a kept-alive connection may wait for its
+	// next request.
+	idleTimeout = 2 * time.Minute
+	// maxHeaderBytes bounds a request's headers (the default is 1 MiB).
+	maxHeaderBytes = 64 << 10
+)
+
+// listen serves h on addr, within limits, and returns the server and the
+// address it got.
+func listen(ctx context.Context, addr string, h http.Handler, limits serverLimits) (*http.Server, string, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, "", err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context {
-		return context.WithoutCancel(ctx)
-	}}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: min(limits.read, maxHeaderWait),
+		ReadTimeout:       limits.read,
+		WriteTimeout:      limits.write,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
 	go func() {
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			slog.Error("server stopped", slog.Any("error", err))

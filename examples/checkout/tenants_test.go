@@ -40,8 +40,9 @@ func TestTenantsAreIsolatedOverHTTP(t *testing.T) {
 	e := newEnv(t)
 	rnd := faults.Rand(t)
 	started := time.Now()
-	app := e.serve("--lease", "2s")
 	tenants := tenantNames(faults.Size(12, 60))
+	e.tenants = tenants
+	app := e.serve("--lease", "2s")
 	first, late := tenantPairs(rnd, tenants)
 	all := slices.Concat(first, late)
 	ctx, cancel := context.WithTimeout(e.ctx, faults.Size(2*time.Minute, 10*time.Minute))
@@ -245,7 +246,7 @@ func tenantPost(ctx context.Context, client *http.Client, base string, p *tenant
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", p.key)
-	req.Header.Set("X-Tenant-ID", p.tenant)
+	authorize(req, p.tenant)
 	resp, err := client.Do(req)
 	if err != nil {
 		return tenantAnswer{}, err

@@ -10,8 +10,8 @@ package dbschema
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -19,23 +19,28 @@ import (
 // Default is the schema used when none is configured.
 const Default = "public"
 
-// maxIdentifier is PostgreSQL's NAMEDATALEN - 1.
-const maxIdentifier = 63
+// Pattern is the form a schema name must have: a letter or underscore,
+// then up to 62 letters, digits or underscores (PostgreSQL keeps 63 bytes
+// of a name). A name of this form needs no escaping anywhere it is written,
+// not even inside a dollar-quoted function body, where quoting does not
+// protect it.
+const Pattern = `[A-Za-z_][A-Za-z0-9_]{0,62}`
 
-// ErrInvalid reports a schema name PostgreSQL would not take as given.
+var valid = regexp.MustCompile(`^` + Pattern + `$`)
+
+// ErrInvalid reports a schema name that is not of the form Pattern.
 var ErrInvalid = errors.New("invalid schema name")
 
 // Resolve returns schema, or Default when schema is empty, after checking
-// that PostgreSQL would keep the name as written.
+// that it is of the form Pattern. Every configuration that names a schema
+// goes through it.
 func Resolve(schema string) (string, error) {
 	if schema == "" {
 		return Default, nil
 	}
-	if len(schema) > maxIdentifier {
-		return "", fmt.Errorf("%w: %q is longer than %d bytes", ErrInvalid, schema, maxIdentifier)
-	}
-	if !utf8.ValidString(schema) || strings.ContainsRune(schema, 0) {
-		return "", fmt.Errorf("%w: %q is not valid UTF-8 without NUL bytes", ErrInvalid, schema)
+	if !valid.MatchString(schema) {
+		return "", fmt.Errorf("%w: %q: a schema name is a letter or underscore, then at most 62 letters, digits or underscores",
+			ErrInvalid, schema)
 	}
 	return schema, nil
 }

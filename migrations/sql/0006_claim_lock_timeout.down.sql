@@ -3,7 +3,7 @@ CREATE OR REPLACE FUNCTION {schema}.onceflow_claim(
     p_tenant text, p_key text, p_id uuid, p_workflow text, p_hash bytea, p_request json,
     p_owner uuid, p_lease bigint, p_abandoned text)
 RETURNS SETOF {schema}.onceflow_keys
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql AS $onceflow_body$
 DECLARE
     existing {schema}.onceflow_keys;
     rec {schema}.onceflow_keys;
@@ -33,4 +33,4 @@ BEGIN
         RETURN NEXT existing;
     END IF;
 END
-$$;
+$onceflow_body$;

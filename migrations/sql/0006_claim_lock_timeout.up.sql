@@ -11,7 +11,8 @@
 -- being unavailable, which the caller's own deadline bounds.
 --
 -- The function otherwise decides exactly as 0005's does (see there). The
--- body is quoted with a tag no schema name can hold.
+-- body is quoted with a tag no schema name can hold (dbschema.Pattern has
+-- no "$").
 CREATE OR REPLACE FUNCTION {schema}.onceflow_claim(
     p_tenant text, p_key text, p_id uuid, p_workflow text, p_hash bytea, p_request json,
     p_owner uuid, p_lease bigint, p_abandoned text)
