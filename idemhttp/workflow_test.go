@@ -76,7 +76,7 @@ func newWorkflowServer(t *testing.T) *workflowServer {
 	).Finish(func(s *Paid) workflow.Response { return workflow.JSON(http.StatusCreated, s) })
 	engine, err := workflow.NewEngine(s.db, workflow.Config{})
 	require.NoError(t, err)
-	h, err := idemhttp.Workflow(engine, wf, idemhttp.Config{})
+	h, err := idemhttp.Workflow(engine, wf, idemhttp.Config{Tenant: trustedTenant})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/charges", h)

@@ -208,11 +208,17 @@ func (a *app) sendReceipt(ctx context.Context, m *outbox.Record) error {
 	})
 }
 
+// tenantOf says whose a request is: the X-Tenant-ID header, refused when
+// repeated.
+var tenantOf = idemhttp.TenantFromTrustedHeader("X-Tenant-ID")
+
 // getOrder serves GET /v1/orders/{order_id}, for the order's tenant only.
 func (a *app) getOrder(w http.ResponseWriter, r *http.Request) {
-	tenant := idemhttp.TenantFromHeader(idemhttp.TenantHeaderDefault)(r)
-	if tenant == "" {
-		writeProblem(w, workflow.Problem(http.StatusUnauthorized, "no tenant: the request does not say whose it is"))
+	tenant, err := tenantOf(r)
+	if err != nil {
+		refusal := &idemhttp.RequestError{Status: http.StatusUnauthorized, Detail: "the request is not authenticated"}
+		errors.As(err, &refusal)
+		writeProblem(w, workflow.Problem(refusal.Status, refusal.Detail))
 		return
 	}
 	var order struct {
@@ -224,7 +230,7 @@ func (a *app) getOrder(w http.ResponseWriter, r *http.Request) {
 		Currency    string  `json:"currency"`
 		ReceiptSent bool    `json:"receipt_sent"`
 	}
-	err := a.db.QueryRow(r.Context(), `
+	err = a.db.QueryRow(r.Context(), `
 		SELECT o.id, o.customer_id, o.status, o.charge_id, o.amount_cents, o.currency, r.order_id IS NOT NULL
 		FROM checkout_orders o LEFT JOIN checkout_receipts r ON r.order_id = o.id
 		WHERE o.id = $1 AND o.tenant_id = $2`, r.PathValue("order_id"), tenant).

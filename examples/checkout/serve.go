@@ -80,7 +80,9 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	checkouts, err := idemhttp.Workflow(engine, checkout, idemhttp.Config{Logger: logger})
+	// The tenant is read from X-Tenant-ID, as a trusted header: this server
+	// trusts whoever can reach it to say which tenant they are.
+	checkouts, err := idemhttp.Workflow(engine, checkout, idemhttp.Config{Tenant: tenantOf, Logger: logger})
 	if err != nil {
 		return err
 	}
