@@ -7,8 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"mime"
 	"net/http"
+	"os"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/onceflow/onceflow/recovery"
@@ -18,24 +23,79 @@ import (
 // MaxBodyDefault is the largest request body read: 1 MiB.
 const MaxBodyDefault = 1 << 20
 
-// Config configures Middleware and Workflow. The zero value is ready to use.
+// BodyTimeoutDefault is how long reading a request's body may take.
+const BodyTimeoutDefault = 10 * time.Second
+
+// MaxResponseDefault is the largest response the middleware stores: 1 MiB.
+const MaxResponseDefault = 1 << 20
+
+// UnmatchedOperation names a request that no ServeMux pattern matched (a
+// middleware in front of the mux, or a handler served directly): a fixed
+// name, so that random paths make neither metric series nor operation
+// names. The fingerprint still covers the method and the path.
+const UnmatchedOperation = "unmatched route"
+
+// Config configures Middleware and Workflow. Tenant is required; the other
+// fields have documented defaults.
+//
+// The middleware decides who may see a stored response: only a request
+// whose Tenant and Principal are those of the request that made the record
+// gets it replayed. Put it after your authentication, and derive both from
+// what the authentication established, never from what the client states.
 type Config struct {
 	// Schema holds onceflow's tables; "" means "public".
 	Schema string
 
-	// Tenant says whose request it is; keys are scoped by it. An empty
-	// answer is 401. nil means TenantFromHeader("X-Tenant-ID"); take it from
-	// your authentication instead where you can.
-	Tenant func(*http.Request) string
+	// Tenant says whose request it is, as your authentication established
+	// it; keys are scoped by it, so two tenants never share a record.
+	// Required: Middleware and Workflow return an error without it. An
+	// error (or an empty tenant) is 401, unless the error is a
+	// *RequestError, whose status and detail are used. Behind a proxy that
+	// authenticates and sets a header, use TenantFromTrustedHeader.
+	Tenant func(*http.Request) (string, error)
+
+	// Principal says who, within the tenant, makes the request (a user, an
+	// API client). Its SHA-256 is stored with the record, and a request
+	// with the same key from any other principal is 403, whatever the
+	// record holds, with nothing run and nothing of the record told. Errors
+	// are answered as Tenant's. nil means the tenant alone: every caller
+	// of a tenant may get any of the tenant's stored responses.
+	Principal func(*http.Request) (string, error)
 
 	// Operation names the route for the fingerprint and the record. nil
-	// means the method and the ServeMux pattern that matched (or the path):
-	// "POST /v1/checkouts".
+	// means the method and the ServeMux pattern that matched, "POST
+	// /v1/checkouts", or UnmatchedOperation where none did. Keep the names
+	// few: each is a metric label.
 	Operation func(*http.Request) string
 
-	// MaxBody is the largest request body, in bytes; a larger one is 413. 0
-	// means MaxBodyDefault.
+	// MaxBody is the largest request body, in bytes; a larger one is 413,
+	// answered before "100 Continue" when Content-Length says so. 0 means
+	// MaxBodyDefault.
 	MaxBody int64
+
+	// BodyTimeout bounds reading the request body: past it, the answer is
+	// 408 and the connection is closed, so that slow clients cannot hold
+	// memory for long. 0 means BodyTimeoutDefault. It needs a
+	// ResponseWriter that supports http.ResponseController's
+	// SetReadDeadline (net/http's does; a wrapping writer must have an
+	// Unwrap method); with any other, the body is read without a bound in
+	// time.
+	BodyTimeout time.Duration
+
+	// MaxResponse is the largest response body the middleware stores, in
+	// bytes. A response over it is not stored, and its claim is dropped, so
+	// that a retry runs the handler again: when the handler made no writes
+	// through Tx, the client gets the response, streamed; when it did, its
+	// transaction rolls back and the answer is 500 (the response could be
+	// neither stored nor sent without the writes it reports). Either way it
+	// is logged. 0 means MaxResponseDefault.
+	MaxResponse int64
+
+	// Store says whether a response of the given status is stored and
+	// replayed. A response that is not stored is answered as it is, its
+	// Tx writes roll back and its claim is dropped, so that a retry runs the
+	// handler again. nil means StoreDefault.
+	Store func(status int) bool
 
 	// KeyOptional lets a request without an Idempotency-Key through to the
 	// handler, unprotected, instead of answering 400.
@@ -58,42 +118,74 @@ type Config struct {
 	DBTimeout time.Duration
 
 	// ResponseHeaders are the response headers stored and replayed. nil
-	// means recovery.DefaultResponseHeaders.
+	// means recovery.DefaultResponseHeaders. Set-Cookie is never stored.
 	ResponseHeaders []string
 
-	// Logger receives storage failures and panics. nil discards them.
+	// Logger receives storage failures, responses too large to store and
+	// panics. nil discards them.
 	Logger *slog.Logger
 
 	// Observer, if set, is told of every claim (metrics.Metrics is one).
 	Observer workflow.Observer
 }
 
+// StoreDefault is the default Config.Store. It stores every final response
+// but temporary refusals and failures, which a retry should not get again
+// once their cause is gone: 401, 403, 407, 408, 425, 429 and 5xx.
+func StoreDefault(status int) bool {
+	switch status {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired,
+		http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return status < 500
+}
+
+// ErrNoTenant reports a Config without Tenant.
+var ErrNoTenant = errors.New("idemhttp: Config.Tenant is required: say how a request's tenant is authenticated (or use TenantFromTrustedHeader behind an authenticating proxy)")
+
+// RequestError is an error from Config.Tenant or Config.Principal that
+// says how to answer: with Status (4xx or 5xx; any other is 401) and
+// Detail, as problem details.
+type RequestError struct {
+	Status int
+	Detail string
+}
+
+// Error returns the status and the detail.
+func (e *RequestError) Error() string { return fmt.Sprintf("%d %s", e.Status, e.Detail) }
+
 // core is what Middleware and Workflow share.
 type core struct {
-	tenant    func(*http.Request) string
-	operation func(*http.Request) string
-	maxBody   int64
-	dbTimeout time.Duration
-	optional  bool
-	logger    *slog.Logger
-	observer  workflow.Observer
+	tenant      func(*http.Request) (string, error)
+	principal   func(*http.Request) (string, error)
+	operation   func(*http.Request) string
+	maxBody     int64
+	bodyTimeout time.Duration
+	dbTimeout   time.Duration
+	optional    bool
+	logger      *slog.Logger
+	observer    workflow.Observer
 }
 
 func newCore(cfg Config) (*core, error) {
-	if cfg.MaxBody < 0 || cfg.DBTimeout < 0 {
-		return nil, fmt.Errorf("%w: MaxBody (%d) and DBTimeout (%s) must not be negative", recovery.ErrInvalidInput, cfg.MaxBody, cfg.DBTimeout)
+	if cfg.Tenant == nil {
+		return nil, ErrNoTenant
+	}
+	if cfg.MaxBody < 0 || cfg.DBTimeout < 0 || cfg.BodyTimeout < 0 || cfg.MaxResponse < 0 {
+		return nil, fmt.Errorf("%w: MaxBody (%d), MaxResponse (%d), BodyTimeout (%s) and DBTimeout (%s) must not be negative",
+			recovery.ErrInvalidInput, cfg.MaxBody, cfg.MaxResponse, cfg.BodyTimeout, cfg.DBTimeout)
 	}
 	c := &core{
-		tenant:    cfg.Tenant,
-		operation: cfg.Operation,
-		maxBody:   cmp.Or(cfg.MaxBody, MaxBodyDefault),
-		dbTimeout: cmp.Or(cfg.DBTimeout, workflow.DBTimeoutDefault),
-		optional:  cfg.KeyOptional,
-		logger:    cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
-		observer:  cfg.Observer,
-	}
-	if c.tenant == nil {
-		c.tenant = TenantFromHeader(TenantHeaderDefault)
+		tenant:      cfg.Tenant,
+		principal:   cfg.Principal,
+		operation:   cfg.Operation,
+		maxBody:     cmp.Or(cfg.MaxBody, MaxBodyDefault),
+		bodyTimeout: cmp.Or(cfg.BodyTimeout, BodyTimeoutDefault),
+		dbTimeout:   cmp.Or(cfg.DBTimeout, workflow.DBTimeoutDefault),
+		optional:    cfg.KeyOptional,
+		logger:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		observer:    cfg.Observer,
 	}
 	if c.operation == nil {
 		c.operation = routeOf
@@ -101,25 +193,38 @@ func newCore(cfg Config) (*core, error) {
 	return c, nil
 }
 
-// routeOf names a request by its method and matched ServeMux pattern, or
-// its path where no pattern matched. The name is stored with the key, so it
-// keeps to the input rules: a path that would break them (too long, or
-// holding %00 or %FF) is named by its escaped form, cut to MaxKeyLength.
-// The fingerprint covers the whole path either way.
+// routeOf names a request by its ServeMux pattern, "POST /v1/checkouts", or
+// UnmatchedOperation where no pattern matched: a request's path and method
+// are the client's to choose, and the name is a metric label and is stored
+// with the key. A pattern without a method is named with the request's
+// method when it is a standard one, else "OTHER". A name that would break
+// the input rules is cut to MaxKeyLength. The fingerprint covers the
+// method and the whole path either way.
 func routeOf(r *http.Request) string {
-	route := r.URL.Path
-	if r.Pattern != "" {
-		route = r.Pattern
+	if r.Pattern == "" {
+		return UnmatchedOperation
 	}
-	if _, path, found := cutMethod(route); found {
-		route = path // the pattern already names the method
+	method, path, found := cutMethod(r.Pattern)
+	if !found {
+		method = "OTHER"
+		if slices.Contains(standardMethods, r.Method) {
+			method = r.Method
+		}
 	}
-	name := r.Method + " " + route
+	name := method + " " + path
 	if recovery.CheckName("operation", name) != nil {
-		name = r.Method + " " + r.URL.EscapedPath()
-		name = name[:min(len(name), recovery.MaxKeyLength)]
+		name = strings.ToValidUTF8(name[:min(len(name), recovery.MaxKeyLength)], "")
+	}
+	if recovery.CheckName("operation", name) != nil {
+		return UnmatchedOperation
 	}
 	return name
+}
+
+// standardMethods are the methods of RFC 9110 and PATCH.
+var standardMethods = []string{
+	http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace,
 }
 
 func cutMethod(pattern string) (method, path string, found bool) {
@@ -134,16 +239,46 @@ func cutMethod(pattern string) (method, path string, found bool) {
 	return "", pattern, false
 }
 
-// readBody reads the whole body, up to the limit.
+// readBody reads the whole body, up to the size limit and within the time
+// limit. A Content-Length over the size limit is refused before reading,
+// so a client that asked for "100 Continue" never gets it.
 func (c *core) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *problem) {
+	tooLarge := &problem{status: http.StatusRequestEntityTooLarge, detail: fmt.Sprintf("the body is larger than %d bytes", c.maxBody), closeConn: true}
+	if r.ContentLength > c.maxBody {
+		return nil, tooLarge
+	}
 	if r.Body == nil {
 		return nil, nil
 	}
+	// Cut the read off once the body timeout has passed, by moving the
+	// connection's read deadline to that moment then: setting it ahead now
+	// would lift a shorter deadline the server set (http.Server.ReadTimeout).
+	var (
+		deadline = http.NewResponseController(w)
+		mu       sync.Mutex
+		read     bool
+	)
+	cutOff := time.AfterFunc(c.bodyTimeout, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !read {
+			_ = deadline.SetReadDeadline(time.Now())
+		}
+	})
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, c.maxBody))
-	var tooLarge *http.MaxBytesError
+	mu.Lock()
+	read = true
+	mu.Unlock()
+	if !cutOff.Stop() && err == nil {
+		_ = deadline.SetReadDeadline(time.Time{}) // read whole just in time: keep the connection usable
+	}
+	var overLimit *http.MaxBytesError
 	switch {
-	case errors.As(err, &tooLarge):
-		return nil, &problem{status: http.StatusRequestEntityTooLarge, detail: fmt.Sprintf("the body is larger than %d bytes", c.maxBody)}
+	case errors.As(err, &overLimit):
+		return nil, tooLarge
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return nil, &problem{status: http.StatusRequestTimeout, closeConn: true,
+			detail: fmt.Sprintf("the body did not arrive within %s", c.bodyTimeout)}
 	case err != nil:
 		return nil, &problem{status: http.StatusBadRequest, detail: "could not read the body: " + err.Error()}
 	}
@@ -156,7 +291,12 @@ type problem struct {
 	detail     string
 	retryAfter time.Duration
 	noKey      bool // the request had no Idempotency-Key
+	closeConn  bool // the body was not read whole: close the connection
 }
+
+// forbidden answers a key whose record another principal made. It is the
+// same whatever the record holds or whether it finished.
+var forbidden = &problem{status: http.StatusForbidden, detail: "this Idempotency-Key cannot be used by this caller"}
 
 // claimProblem maps a claim's error to the answer; nil for none.
 func (c *core) claimProblem(r *http.Request, err error) *problem {
@@ -165,6 +305,8 @@ func (c *core) claimProblem(r *http.Request, err error) *problem {
 	case errors.As(err, &inFlight):
 		return &problem{status: http.StatusConflict, retryAfter: inFlight.RetryAfter,
 			detail: "a request with this Idempotency-Key is still in progress; retry shortly"}
+	case errors.Is(err, recovery.ErrForbidden):
+		return forbidden
 	case errors.Is(err, recovery.ErrMismatch):
 		return &problem{status: http.StatusUnprocessableEntity,
 			detail: "this Idempotency-Key was used with a different request"}
@@ -187,6 +329,8 @@ func (c *core) observe(op string, outcome recovery.Outcome, err error) {
 		c.observer.Claimed(op, workflow.ClaimConflict)
 	case errors.Is(err, recovery.ErrMismatch):
 		c.observer.Claimed(op, workflow.ClaimMismatch)
+	case errors.Is(err, recovery.ErrForbidden):
+		c.observer.Claimed(op, workflow.ClaimForbidden)
 	case err == nil:
 		c.observer.Claimed(op, outcome.String())
 	}
@@ -197,6 +341,9 @@ func writeProblem(w http.ResponseWriter, p *problem) {
 	resp := workflow.Problem(p.status, p.detail)
 	if p.retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(p.retryAfter.Seconds()))))
+	}
+	if p.closeConn {
+		w.Header().Set("Connection", "close")
 	}
 	writeResponse(w, resp, false)
 }
@@ -213,15 +360,41 @@ func writeResponse(w http.ResponseWriter, resp recovery.Response, replayed bool)
 	_, _ = w.Write(resp.Body)
 }
 
-// fingerprint covers the operation, the request's path and query (a
-// route's pattern does not say which resource it names) and the body; a
-// JSON body is canonicalized, anything else is taken byte for byte.
+// fingerprint covers the operation, the method, the request's path and
+// query (a route's pattern does not say which resource it names), the
+// media type and the body. The body is canonicalized as JSON only when the
+// media type says it is JSON (application/json or a +json type); any other
+// body is taken byte for byte, so a text body that happens to parse as JSON
+// matches only itself.
 func fingerprint(op string, r *http.Request, body []byte) recovery.Fingerprint {
-	target := op + " " + r.URL.EscapedPath() + "?" + r.URL.RawQuery
-	if len(body) > 0 {
+	mediaType := mediaTypeOf(r)
+	target := strings.Join([]string{strconv.Quote(op), strconv.Quote(r.Method),
+		strconv.Quote(r.URL.EscapedPath() + "?" + r.URL.RawQuery), strconv.Quote(mediaType)}, " ")
+	if len(body) > 0 && isJSON(mediaType) {
 		if fp, _, err := recovery.FingerprintJSON(target, body); err == nil {
 			return fp
 		}
 	}
 	return recovery.FingerprintBytes(target, body)
+}
+
+// mediaTypeOf returns the request's Content-Type in one spelling: type and
+// parameter names lowercased, parameters sorted. A value that does not
+// parse is kept as sent, every copy of it.
+func mediaTypeOf(r *http.Request) string {
+	values := r.Header.Values("Content-Type")
+	if len(values) == 1 {
+		if mt, params, err := mime.ParseMediaType(values[0]); err == nil {
+			if formatted := mime.FormatMediaType(mt, params); formatted != "" {
+				return formatted
+			}
+		}
+	}
+	return strings.Join(values, "\n")
+}
+
+// isJSON reports a JSON media type: application/json or any +json type.
+func isJSON(mediaType string) bool {
+	mt, _, _ := strings.Cut(mediaType, ";")
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
 }

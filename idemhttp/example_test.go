@@ -2,6 +2,7 @@ package idemhttp_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,8 +16,27 @@ import (
 	"github.com/onceflow/onceflow/idemhttp"
 )
 
-// Put a handler behind the middleware; its writes go in the transaction that
-// stores its response, and a retry gets the same bytes back.
+// tenantKey is where this example's authentication puts the tenant.
+type tenantKey struct{}
+
+// authenticate stands for your authentication: it finds the caller's tenant
+// from its credentials (here, one fixed bearer token) and refuses the rest.
+func authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer acme-secret-token" {
+			w.Header().Set("WWW-Authenticate", "Bearer")
+			http.Error(w, "unauthenticated", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, "acme")))
+	})
+}
+
+// Put a handler behind the middleware, and the middleware behind your
+// authentication: the tenant is what the authentication established, never
+// a header the client sets, and only that tenant gets a stored response
+// replayed. The handler's writes go in the transaction that stores its
+// response, and a retry gets the same bytes back.
 func ExampleMiddleware() {
 	ctx := context.Background()
 	db, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated with package migrations
@@ -27,7 +47,15 @@ func ExampleMiddleware() {
 	if _, err := db.Exec(ctx, `CREATE TABLE IF NOT EXISTS example_transfers (id bigserial PRIMARY KEY, key text, body text)`); err != nil {
 		panic(err)
 	}
-	idempotent, err := idemhttp.Middleware(db, idemhttp.Config{})
+	idempotent, err := idemhttp.Middleware(db, idemhttp.Config{
+		Tenant: func(r *http.Request) (string, error) {
+			tenant, ok := r.Context().Value(tenantKey{}).(string)
+			if !ok {
+				return "", errors.New("the request did not go through authentication")
+			}
+			return tenant, nil
+		},
+	})
 	if err != nil {
 		panic(err)
 	}
@@ -48,7 +76,7 @@ func ExampleMiddleware() {
 		fmt.Fprint(w, `{"status":"sent"}`)
 	})
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/transfers", idempotent(transfer))
+	mux.Handle("POST /v1/transfers", authenticate(idempotent(transfer)))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
@@ -56,7 +84,7 @@ func ExampleMiddleware() {
 	for range 2 {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/transfers", strings.NewReader(`{"amount_cents":500}`))
 		req.Header.Set("Idempotency-Key", key)
-		req.Header.Set("X-Tenant-ID", "acme")
+		req.Header.Set("Authorization", "Bearer acme-secret-token")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			panic(err)

@@ -46,7 +46,7 @@ const fuzzMaxBody = 4 << 10
 
 // fuzzAnswers are the statuses the fuzzed handler answers with, picked by
 // an input byte: stored ones and, from 500 up, ones that are not.
-var fuzzAnswers = []int{200, 201, 202, 204, 302, 400, 404, 409, 418, 422, 500, 502, 503}
+var fuzzAnswers = []int{200, 201, 202, 204, 302, 400, 404, 409, 418, 422, 500, 502, 503, 401, 429}
 
 // Bits of FuzzMiddleware's flags.
 const (
@@ -61,10 +61,11 @@ const (
 // documentation promises, worked out from the input alone:
 //   - no key, two keys, or a key that is empty, longer than 255 bytes,
 //     unprintable or badly quoted: 400;
-//   - otherwise no tenant: 401, a tenant that breaks the input rules: 400;
+//   - otherwise no tenant: 401, a tenant that holds a comma or breaks the
+//     input rules: 400;
 //   - otherwise a body over the limit: 413;
 //   - otherwise the handler's own answer, stored and replayed byte for
-//     byte (with Idempotent-Replayed) unless it is 500 or more.
+//     byte (with Idempotent-Replayed) unless StoreDefault refuses it.
 //
 // Every refusal is problem+json, runs no handler and stores nothing. A
 // request a client can send goes over a real connection; one it cannot
@@ -102,6 +103,13 @@ func FuzzMiddleware(f *testing.F) {
 		{key: `"a\b"`, tenant: "acme", method: "POST"},
 		{key: `"ab`, tenant: "acme", method: "POST"},
 		{key: `"ab"x`, tenant: "acme", method: "POST"},
+		{key: `"a";x, "b"`, tenant: "acme", method: "POST"},
+		{key: `"a";X=1`, tenant: "acme", method: "POST"},
+		{key: `"a";x=1.2345`, tenant: "acme", method: "POST"},
+		{key: `"a";  x=?1;y="z";w=:YQ==:;v=t/k`, tenant: "acme", method: "POST", answer: 1},
+		{key: "k1", tenant: "acme, evil", method: "POST"},
+		{key: "k1", tenant: "acme", method: "POST", answer: 13},
+		{key: "k1", tenant: "acme", method: "POST", answer: 14},
 		{key: "\"a\x7fb\"", tenant: "acme", method: "POST"},
 		{key: " \t k1 \t", tenant: " acme ", method: "POST", answer: 1},
 		{key: "k1", tenant: "", method: "POST"}, // sent empty
@@ -171,7 +179,7 @@ func (in middlewareInput) header() http.Header {
 		}
 	}
 	if in.flags&fuzzSendTenant != 0 {
-		h.Set(idemhttp.TenantHeaderDefault, in.tenant)
+		h.Set("X-Tenant-ID", in.tenant)
 	}
 	return h
 }
@@ -199,7 +207,7 @@ func expectMiddleware(in middlewareInput) int {
 	switch {
 	case tenant == "":
 		return http.StatusUnauthorized
-	case !isName(tenant):
+	case strings.Contains(tenant, ","), !isName(tenant):
 		return http.StatusBadRequest
 	case len(in.body) > fuzzMaxBody:
 		return http.StatusRequestEntityTooLarge
@@ -210,8 +218,11 @@ func expectMiddleware(in middlewareInput) int {
 var (
 	// bareKey is a key sent as a token: visible ASCII but for `",;\`.
 	bareKey = regexp.MustCompile(`^[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*$`)
-	// quotedKey is a key sent as an RFC 8941 sf-string, parameters after it.
-	quotedKey   = regexp.MustCompile(`(?s)^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"(?:;.*)?$`)
+	// quotedKey is a key sent as an RFC 8941 sf-string, parameters after it
+	// (section 3.1.2) and nothing else.
+	quotedKey = regexp.MustCompile(`^"(` + sfString + `)"(?:;\x20*[a-z*][a-z0-9_.*-]*(?:=(?:` +
+		`-?(?:[0-9]{1,15}|[0-9]{1,12}\.[0-9]{1,3})|"` + sfString + `"|[A-Za-z*][!#$%&'*+\-.^_\x60|~0-9A-Za-z:/]*|:[A-Za-z0-9+/=]*:|\?[01]))?)*$`)
+	sfString    = `(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*`
 	unescapeKey = strings.NewReplacer(`\"`, `"`, `\\`, `\`)
 )
 
@@ -278,7 +289,7 @@ func newMiddlewareRig(f *testing.F) *middlewareRig {
 	rig := &middlewareRig{db: dbtest.NewPool(f, 4)}
 	_, err := rig.db.Exec(context.Background(), `CREATE TABLE fuzz_effects (id bigserial PRIMARY KEY)`)
 	require.NoError(f, err)
-	mw, err := idemhttp.Middleware(rig.db, idemhttp.Config{MaxBody: fuzzMaxBody})
+	mw, err := idemhttp.Middleware(rig.db, idemhttp.Config{Tenant: trustedTenant, MaxBody: fuzzMaxBody})
 	require.NoError(f, err)
 	rig.handler = mw(http.HandlerFunc(rig.handle))
 	srv := httptest.NewServer(rig.handler)
@@ -388,8 +399,8 @@ func (rig *middlewareRig) check(t *testing.T, in middlewareInput) {
 	require.Empty(t, first.header.Get(idemhttp.ReplayedHeader), in)
 	again := rig.send(t, in)
 	require.Equal(t, first.status, again.status, in)
-	if in.answer >= 500 {
-		require.Equal(t, int32(2), rig.runs.Load(), "a failed request runs again: %v", in)
+	if !idemhttp.StoreDefault(in.answer) {
+		require.Equal(t, int32(2), rig.runs.Load(), "a request not stored runs again: %v", in)
 		rig.requireStored(t, 0, in)
 		return
 	}
@@ -470,7 +481,10 @@ func FuzzWorkflowHandler(f *testing.F) {
 		`{"customer":"c-1","cents":1999,"items":[{"sku":"a","qty":2}],"meta":{"b":[1,2],"a":null}}`,
 		`{"cents":5e2}`,
 		`{"cents":500.000}`,
-		`{"CENTS":1,"Customer":"case folds"}`,
+		`{"CENTS":1,"Customer":"no case folding"}`,
+		`{"cents":1,"Cents":2}`,
+		`{"cents":1,"items":[{"SKU":"a","qty":1}]}`,
+		`{"cents":1,"ſku":1}`,
 		`{"cents":0}`,
 		`{"cents":-1}`,
 		`{"cents":-0}`,
@@ -542,7 +556,7 @@ func newWorkflowRig(f *testing.F) *workflowRig {
 	).Finish(func(s *fuzzReceipt) workflow.Response { return workflow.JSON(http.StatusCreated, s) })
 	engine, err := workflow.NewEngine(rig.db, workflow.Config{})
 	require.NoError(f, err)
-	h, err := idemhttp.Workflow(engine, wf, idemhttp.Config{})
+	h, err := idemhttp.Workflow(engine, wf, idemhttp.Config{Tenant: trustedTenant})
 	require.NoError(f, err)
 	srv := httptest.NewServer(h)
 	f.Cleanup(srv.Close)
@@ -565,7 +579,7 @@ func (rig *workflowRig) send(t *testing.T, body []byte) fuzzReply {
 	req, err := http.NewRequest(http.MethodPost, rig.url+"/v1/orders", bytes.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set(idemhttp.Header, "k1")
-	req.Header.Set(idemhttp.TenantHeaderDefault, "acme")
+	req.Header.Set("X-Tenant-ID", "acme")
 	resp, err := rig.client.Do(req)
 	require.NoError(t, err, fuzzBody(body))
 	defer resp.Body.Close()
@@ -631,8 +645,8 @@ func expectOrder(body []byte) (doc *jsontest.Doc, status int, sure bool) {
 }
 
 // orderStatus checks a well-formed document against fuzzOrder as strict
-// decoding does (field names match case-insensitively; null leaves a field
-// alone) and then against Validate.
+// decoding does (field names match exactly; null leaves a field alone) and
+// then against Validate.
 func orderStatus(doc any) (int, bool) {
 	if doc == nil {
 		return http.StatusUnprocessableEntity, true // a zero request
@@ -705,13 +719,11 @@ func itemsOK(v any) (ok, sure bool) {
 	return true, true
 }
 
-// fieldOf returns the field a member's key sets, as encoding/json matches
-// them, or "".
+// fieldOf returns the field a member's key sets, or "": names match
+// exactly, case included.
 func fieldOf(key string, fields ...string) string {
-	for _, f := range fields {
-		if strings.EqualFold(key, f) {
-			return f
-		}
+	if slices.Contains(fields, key) {
+		return key
 	}
 	return ""
 }

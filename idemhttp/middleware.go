@@ -2,11 +2,13 @@ package idemhttp
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"runtime/debug"
 	"sync"
@@ -31,12 +33,18 @@ const cleanupTimeout = 10 * time.Second
 // Idempotency-Key header, storing keys in db (a *pgxpool.Pool).
 //
 // The first request with a key claims it and runs the handler; its response
-// is stored (status, allow-listed headers, body) and every retry gets it
-// again, with Idempotent-Replayed: true, without running the handler. The
-// handler may make its writes in the transaction that stores the response
-// (Tx). A response of 500 or more, or a panic, is not stored: the
+// is stored (status, allow-listed headers, body) and every retry by the
+// same tenant and principal gets it again, with Idempotent-Replayed: true,
+// without running the handler. A replay skips the handler and whatever
+// checks it makes: put the middleware after your authentication, and say
+// in cfg.Tenant and cfg.Principal what it established. The handler may
+// make its writes in the transaction that stores the response (Tx). A
+// response that cfg.Store refuses (by default 401, 403, 407, 408, 425, 429
+// and 5xx), one over cfg.MaxResponse, or a panic, is not stored: the
 // transaction rolls back, the claim is dropped, and a retry runs the
 // handler again.
+//
+// It returns ErrNoTenant when cfg.Tenant is nil.
 func Middleware(db workflow.DB, cfg Config) (func(http.Handler) http.Handler, error) {
 	c, err := newCore(cfg)
 	if err != nil {
@@ -46,20 +54,28 @@ func Middleware(db workflow.DB, cfg Config) (func(http.Handler) http.Handler, er
 	if err != nil {
 		return nil, err
 	}
+	m := &middleware{core: c, db: db, store: store, stores: cfg.Store, maxResponse: cmp.Or(cfg.MaxResponse, MaxResponseDefault)}
+	if m.stores == nil {
+		m.stores = StoreDefault
+	}
 	return func(next http.Handler) http.Handler {
-		return &middleware{core: c, db: db, store: store, next: next}
+		h := *m
+		h.next = next
+		return &h
 	}, nil
 }
 
 type middleware struct {
 	*core
-	db    workflow.DB
-	store *recovery.Store
-	next  http.Handler
+	db          workflow.DB
+	store       *recovery.Store
+	stores      func(status int) bool
+	maxResponse int64
+	next        http.Handler
 }
 
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	key, p := m.key(r)
+	who, p := m.identify(r)
 	if p != nil && p.noKey && m.optional {
 		m.unprotected(w, r)
 		return
@@ -80,7 +96,8 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		outcome recovery.Outcome
 	)
 	sent, err := lease.Send(claimCtx, m.db, func(conn *pgxpool.Conn) (err error) {
-		rec, outcome, err = m.store.WithConn(conn).Claim(claimCtx, recovery.ClaimParams{Key: key, Workflow: op, Fingerprint: fingerprint(op, r, body)})
+		rec, outcome, err = m.store.WithConn(conn).Claim(claimCtx, recovery.ClaimParams{Key: who.key, Workflow: op,
+			Fingerprint: fingerprint(op, r, body), Principal: who.principal})
 		return err
 	})
 	cancel()
@@ -105,24 +122,18 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery
 	keeper := lease.New(m.store.Lease(), sent,
 		func(ctx context.Context) (time.Time, error) { return m.store.Renew(ctx, fence, 0) }, nil)
 	ctx, stop := keeper.Hold(r.Context())
-	resp, t, outcome := m.handle(r.WithContext(ctx))
+	out, t, outcome := m.handle(w, r.WithContext(ctx))
 	if lost := stop(); lost != nil {
 		m.logger.WarnContext(r.Context(), "the handler ran past its lease", slog.String("operation", rec.Workflow), slog.Any("error", lost))
 	}
 	// What is left to do is done even if the client went away: the work is.
 	cleanupCtx, cancelCleanup := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
 	defer cancelCleanup()
-	if outcome != returned || resp.Status >= 500 {
+	resp := out.response()
+	if outcome != returned || out.over || !m.stores(resp.Status) {
 		t.end(cleanupCtx, nil)
 		m.forget(cleanupCtx, rec)
-		switch outcome {
-		case aborted:
-			panic(http.ErrAbortHandler)
-		case panicked:
-			writeProblem(w, &problem{status: http.StatusInternalServerError, detail: "the request failed; it may be retried"})
-		default:
-			writeResponse(w, resp, false)
-		}
+		m.answerUnstored(w, r, out, outcome)
 		return
 	}
 	err := t.end(cleanupCtx, func(conn *pgxpool.Conn) error {
@@ -145,9 +156,33 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery
 	}
 }
 
+// answerUnstored answers a claimed request whose response is not stored:
+// as the handler answered, unless it panicked or its response went over
+// MaxResponse while its transaction was open (then 500: its writes rolled
+// back). A response already streamed is left as sent.
+func (m *middleware) answerUnstored(w http.ResponseWriter, r *http.Request, out *recorder, outcome handlerOutcome) {
+	if out.over {
+		m.logger.WarnContext(r.Context(), "the response is larger than MaxResponse; it was not stored",
+			slog.String("operation", m.operation(r)), slog.Int64("max_response", m.maxResponse), slog.Bool("sent", out.streamed))
+	}
+	switch {
+	case outcome == aborted || outcome == panicked && out.streamed:
+		panic(http.ErrAbortHandler)
+	case outcome == panicked:
+		writeProblem(w, &problem{status: http.StatusInternalServerError, detail: "the request failed; it may be retried"})
+	case out.streamed:
+	case out.over:
+		writeProblem(w, &problem{status: http.StatusInternalServerError,
+			detail: "the response was too large to keep, so the request's writes were rolled back; it may be retried"})
+	default:
+		writeResponse(w, out.response(), false)
+	}
+}
+
 // unprotected runs the handler for a request without a key, on a route
 // that allows it: nothing is claimed or stored, but Tx works the same, and
-// its transaction commits unless the handler answers 500 or more.
+// its transaction commits unless the handler answers 500 or more (or its
+// response went over MaxResponse while it was open).
 func (m *middleware) unprotected(w http.ResponseWriter, r *http.Request) {
 	body, p := m.readBody(w, r)
 	if p != nil {
@@ -155,7 +190,8 @@ func (m *middleware) unprotected(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	resp, t, outcome := m.handle(r)
+	out, t, outcome := m.handle(w, r)
+	resp := out.response()
 	commit := func(conn *pgxpool.Conn) error {
 		if conn == nil {
 			return nil
@@ -163,15 +199,13 @@ func (m *middleware) unprotected(w http.ResponseWriter, r *http.Request) {
 		_, err := conn.Exec(r.Context(), "commit")
 		return err
 	}
-	if outcome != returned || resp.Status >= 500 {
+	if outcome != returned || out.over || resp.Status >= 500 {
 		commit = nil
 	}
 	err := t.end(r.Context(), commit)
 	switch {
-	case outcome == aborted:
-		panic(http.ErrAbortHandler)
-	case outcome == panicked:
-		writeProblem(w, &problem{status: http.StatusInternalServerError, detail: "the request failed"})
+	case outcome != returned || out.over:
+		m.answerUnstored(w, r, out, outcome)
 	case err != nil:
 		writeProblem(w, &problem{status: http.StatusServiceUnavailable, detail: "the request's writes could not be committed"})
 	default:
@@ -188,14 +222,15 @@ const (
 	aborted // panic(http.ErrAbortHandler): the connection is to be dropped
 )
 
-// handle runs the handler with a transaction to lend (Tx) and a recorder,
-// and returns its response, the transaction holder and how it ended.
-func (m *middleware) handle(r *http.Request) (recovery.Response, *txHolder, handlerOutcome) {
+// handle runs the handler with a transaction to lend (Tx) and a recorder
+// in front of w, and returns the recorder, the transaction holder and how
+// the handler ended.
+func (m *middleware) handle(w http.ResponseWriter, r *http.Request) (*recorder, *txHolder, handlerOutcome) {
 	t := &txHolder{db: m.db, timeout: m.dbTimeout}
 	r = r.WithContext(context.WithValue(r.Context(), txKey{}, t))
-	out := &recorder{header: http.Header{}}
+	out := &recorder{header: http.Header{}, limit: m.maxResponse, w: w, tx: t}
 	outcome := m.run(out, r)
-	return recovery.Response{Status: out.statusOr200(), Header: out.header, Body: out.body.Bytes()}, t, outcome
+	return out, t, outcome
 }
 
 // run calls the handler and reports how it ended.
@@ -227,6 +262,14 @@ type txKey struct{}
 // errTxDone reports Tx called after the handler returned.
 var errTxDone = errors.New("idemhttp: the request's transaction is over: Tx was called after the handler returned")
 
+// errTxStreamed reports Tx called after the response went over
+// MaxResponse and was sent on without being stored.
+var errTxStreamed = errors.New("idemhttp: no transaction: the response is larger than MaxResponse and was sent without being stored")
+
+// errResponseTooLarge is what a handler's Write returns once its response
+// went over MaxResponse while its transaction was open.
+var errResponseTooLarge = errors.New("idemhttp: the response is larger than MaxResponse: it will not be sent, and the transaction rolls back")
+
 // txHolder begins the handler's transaction on first use, on a connection
 // it holds until the response is stored, and refuses to begin one after.
 type txHolder struct {
@@ -235,7 +278,7 @@ type txHolder struct {
 	timeout time.Duration // bounds taking a connection and beginning
 	conn    *pgxpool.Conn
 	tx      pgx.Tx
-	closed  bool
+	closed  error // why no transaction may begin any more; nil while one may
 }
 
 // readCommitted is the handler's transaction's isolation, whatever the
@@ -248,8 +291,8 @@ var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 func (t *txHolder) get(ctx context.Context) (pgx.Tx, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
-		return nil, errTxDone
+	if t.closed != nil {
+		return nil, t.closed
 	}
 	if t.tx == nil {
 		beginCtx, cancel := context.WithTimeout(ctx, t.timeout)
@@ -274,7 +317,7 @@ func (t *txHolder) get(ctx context.Context) (pgx.Tx, error) {
 // pool.
 func (t *txHolder) end(ctx context.Context, commit func(*pgxpool.Conn) error) error {
 	t.mu.Lock()
-	t.closed = true
+	t.closed = errTxDone
 	conn := t.conn
 	t.conn, t.tx = nil, nil
 	t.mu.Unlock()
@@ -303,11 +346,32 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 	return t.get(ctx)
 }
 
-// recorder buffers a handler's response.
+// closeUnused refuses every later Tx and reports true when no transaction
+// was begun; otherwise it changes nothing and reports false.
+func (t *txHolder) closeUnused() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.tx != nil {
+		return false
+	}
+	if t.closed == nil {
+		t.closed = errTxStreamed
+	}
+	return true
+}
+
+// recorder buffers a handler's response, up to limit bytes of body. Past
+// it, the response is over: it is sent on to w as it is written when the
+// handler began no transaction (streamed), and dropped otherwise.
 type recorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
+	header   http.Header
+	status   int
+	body     bytes.Buffer
+	limit    int64
+	w        http.ResponseWriter
+	tx       *txHolder
+	over     bool // the body went over limit
+	streamed bool // the response is being written to w
 }
 
 func (r *recorder) Header() http.Header { return r.header }
@@ -324,12 +388,34 @@ func (r *recorder) Write(p []byte) (int, error) {
 	if r.status == 0 {
 		r.status = http.StatusOK
 	}
-	return r.body.Write(p)
+	switch {
+	case r.streamed:
+		return r.w.Write(p)
+	case r.over:
+		return 0, errResponseTooLarge
+	case int64(r.body.Len())+int64(len(p)) <= r.limit:
+		return r.body.Write(p)
+	}
+	r.over = true
+	buffered := r.body.Bytes()
+	r.body = bytes.Buffer{}
+	if !r.tx.closeUnused() {
+		return 0, errResponseTooLarge
+	}
+	r.streamed = true
+	maps.Copy(r.w.Header(), r.header)
+	r.w.WriteHeader(r.status)
+	if _, err := r.w.Write(buffered); err != nil {
+		return 0, err
+	}
+	return r.w.Write(p)
 }
 
-func (r *recorder) statusOr200() int {
-	if r.status == 0 {
-		return http.StatusOK
+// response is what the handler answered, as far as it was buffered.
+func (r *recorder) response() recovery.Response {
+	status := r.status
+	if status == 0 {
+		status = http.StatusOK
 	}
-	return r.status
+	return recovery.Response{Status: status, Header: r.header, Body: r.body.Bytes()}
 }

@@ -26,6 +26,10 @@ import (
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
+// trustedTenant reads the tenant from X-Tenant-ID, as the tests' servers
+// trust their clients to say it.
+var trustedTenant = idemhttp.TenantFromTrustedHeader("X-Tenant-ID")
+
 // server is a real HTTP server whose POST /v1/charges handler is behind the
 // middleware and writes a row in the middleware's transaction.
 type server struct {
@@ -43,9 +47,13 @@ func newServer(t *testing.T, cfg idemhttp.Config) *server {
 }
 
 // newServerOn is newServer on pool, with the middleware's database wrapped
-// by wrap when it is not nil.
+// by wrap when it is not nil. Without cfg.Tenant, the tenant is
+// trustedTenant's.
 func newServerOn(t *testing.T, pool *pgxpool.Pool, cfg idemhttp.Config, wrap func(*pgxpool.Pool) workflow.DB) *server {
 	t.Helper()
+	if cfg.Tenant == nil {
+		cfg.Tenant = trustedTenant
+	}
 	s := &server{t: t, db: pool}
 	_, err := s.db.Exec(context.Background(), `CREATE TABLE charges (id bigserial PRIMARY KEY, body text)`)
 	require.NoError(t, err)
@@ -142,7 +150,8 @@ func TestStoresAndReplays(t *testing.T) {
 	require.Empty(t, first.header.Get(idemhttp.ReplayedHeader))
 	require.Equal(t, "session=1", first.header.Get("Set-Cookie"), "the first answer is the handler's, whole")
 
-	for _, key := range []string{"k1", `"k1"`, `"k1";v=2`} { // a bare key, an RFC 8941 string, with a parameter
+	// A bare key, an RFC 8941 string, with parameters.
+	for _, key := range []string{"k1", `"k1"`, `"k1";v=2`, `"k1";a;b=?1;c="x;y";d=:aGk=:;e=-1.5;f=tok/en`} {
 		again := s.post("/v1/charges", key, "acme", "{\n  \"currency\": \"usd\",\n  \"amount\": 1e2\n}")
 		require.Equal(t, http.StatusCreated, again.status)
 		require.Equal(t, first.body, again.body, "byte for byte")
@@ -176,7 +185,10 @@ func TestRejectsBadRequestsWithoutRunning(t *testing.T) {
 		{"unprintable quoted key", "\"a\tb\"", "acme", `{}`, 400, "printable ASCII only"},
 		{"bad quoting", `"a\b"`, "acme", `{}`, 400, "escape"},
 		{"unterminated quoting", `"ab`, "acme", `{}`, 400, "closing quote"},
-		{"missing tenant", "k", "", `{}`, 401, "tenant"},
+		{"missing tenant", "k", "", `{}`, 401, "X-Tenant-ID header is missing"},
+		{"tenant list", "k", "acme, globex", `{}`, 400, "more than one value"},
+		{"key list", `"a";x, "b"`, "acme", `{}`, 400, "one item"},
+		{"bad parameter", `"a";X=1`, "acme", `{}`, 400, "no valid name"},
 		{"body too large", "k", "acme", `{"pad":"` + strings.Repeat("x", 100) + `"}`, 413, "larger than 64 bytes"},
 	}
 	for _, tc := range cases {
@@ -254,7 +266,7 @@ func TestServerErrorsAndPanicsAreNotStored(t *testing.T) {
 func TestStorageUnreachableFailsClosed(t *testing.T) {
 	t.Parallel()
 	db := dbtest.NewPool(t, 2)
-	mw, err := idemhttp.Middleware(db, idemhttp.Config{})
+	mw, err := idemhttp.Middleware(db, idemhttp.Config{Tenant: trustedTenant})
 	require.NoError(t, err)
 	var ran atomic.Bool
 	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { ran.Store(true) })))
@@ -308,8 +320,10 @@ func TestTxOutsideMiddleware(t *testing.T) {
 	t.Parallel()
 	_, err := idemhttp.Tx(context.Background())
 	require.True(t, errors.Is(err, idemhttp.ErrNoTransaction))
-	_, err = idemhttp.Middleware(nil, idemhttp.Config{MaxBody: -1})
+	_, err = idemhttp.Middleware(nil, idemhttp.Config{Tenant: trustedTenant, MaxBody: -1})
 	require.Error(t, err)
+	_, err = idemhttp.Middleware(nil, idemhttp.Config{})
+	require.ErrorIs(t, err, idemhttp.ErrNoTenant, "the tenant has no default")
 }
 
 // TestPathAndQueryAreFingerprinted: one route pattern names many
@@ -317,7 +331,7 @@ func TestTxOutsideMiddleware(t *testing.T) {
 func TestPathAndQueryAreFingerprinted(t *testing.T) {
 	t.Parallel()
 	db := dbtest.NewPool(t, 4)
-	mw, err := idemhttp.Middleware(db, idemhttp.Config{})
+	mw, err := idemhttp.Middleware(db, idemhttp.Config{Tenant: trustedTenant})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/orders/{id}/refund", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -404,6 +418,7 @@ func TestClientGoneAfterTheHandler(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.url+"/v1/charges", strings.NewReader(`{}`))
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", "k1")
 	req.Header.Set("X-Tenant-ID", "acme")
 	go func() { _, _ = http.DefaultClient.Do(req) }()

@@ -185,7 +185,7 @@ func newStorm(t *testing.T) *storm {
 		Hooks:       &workflow.Hooks{CrashPoint: s.crashPoint},
 	})
 	require.NoError(t, err)
-	h, err := idemhttp.Workflow(s.engine, s.wf, idemhttp.Config{})
+	h, err := idemhttp.Workflow(s.engine, s.wf, idemhttp.Config{Tenant: trustedTenant})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/storm", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -323,7 +323,7 @@ func (s *storm) send(req *stormRequest) stormAnswer {
 	r.GetBody = nil
 	r.Header.Set("Content-Type", "application/json")
 	r.Header.Set(idemhttp.Header, req.key)
-	r.Header.Set(idemhttp.TenantHeaderDefault, stormTenant)
+	r.Header.Set("X-Tenant-ID", stormTenant)
 	r.Header.Set(stormSeqHeader, strconv.Itoa(req.seq))
 	a.start = time.Now()
 	resp, err := s.client.Do(r)

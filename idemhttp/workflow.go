@@ -7,6 +7,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"time"
 
 	"github.com/onceflow/onceflow/recovery"
@@ -20,16 +21,20 @@ type Validator interface {
 }
 
 // Workflow returns a handler that runs wf for each request: it decodes the
-// JSON body into a Req (strictly: unknown fields are 400), validates it if
+// JSON body into a Req (strictly: unknown fields are 400, and field names
+// match exactly, so "Amount" is unknown where the field is "amount"),
+// validates it if
 // it is a Validator (422), runs the workflow under the request's key and
 // writes its response, with Idempotent-Replayed: true on a replay. A step's
 // failure is 500 and the key stays resumable: a retry with the same key, or
 // the sweeper, finishes the work.
 //
-// Of cfg, Tenant, MaxBody and Logger apply; the engine's own Config governs
-// the rest (schema, lease, stored headers, observer). The key is always
-// required, and the fingerprint is the workflow's name and the decoded
-// request: carry what the path says in the body.
+// Of cfg, Tenant (required: without it, ErrNoTenant), Principal (passed to
+// the engine with workflow.AsPrincipal), MaxBody, BodyTimeout and Logger
+// apply; the engine's own Config governs the rest (schema, lease, stored
+// headers, observer). The key is always required, and the fingerprint is
+// the workflow's name and the decoded request: carry what the path says in
+// the body.
 func Workflow[Req, State any](engine *workflow.Engine, wf *workflow.Workflow[Req, State], cfg Config) (http.Handler, error) {
 	c, err := newCore(cfg)
 	if err != nil {
@@ -39,7 +44,7 @@ func Workflow[Req, State any](engine *workflow.Engine, wf *workflow.Workflow[Req
 		return nil, err
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key, p := c.key(r)
+		who, p := c.identify(r)
 		if p != nil {
 			writeProblem(w, p)
 			return
@@ -54,7 +59,7 @@ func Workflow[Req, State any](engine *workflow.Engine, wf *workflow.Workflow[Req
 			writeProblem(w, p)
 			return
 		}
-		res, err := engine.Run(r.Context(), key, wf, req)
+		res, err := engine.Run(r.Context(), who.key, wf, req, workflow.AsPrincipal(who.principal))
 		if err != nil {
 			c.runFailed(w, r, err)
 			return
@@ -78,6 +83,9 @@ func decode(body []byte, req any) *problem {
 	if dec.More() {
 		return &problem{status: http.StatusBadRequest, detail: "the body holds more than one JSON value"}
 	}
+	if err := exactNames(canonical, reflect.TypeOf(req)); err != nil {
+		return &problem{status: http.StatusBadRequest, detail: "the body is not a valid request: " + err.Error()}
+	}
 	if v, ok := req.(Validator); ok {
 		if err := v.Validate(); err != nil {
 			return &problem{status: http.StatusUnprocessableEntity, detail: err.Error()}
@@ -98,7 +106,8 @@ func (c *core) runFailed(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &stepErr):
 		writeProblem(w, &problem{status: http.StatusInternalServerError,
 			detail: "the request failed part-way; retry with the same key to resume it"})
-	case errors.Is(err, recovery.ErrInFlight), errors.Is(err, recovery.ErrMismatch), errors.Is(err, recovery.ErrInvalidInput):
+	case errors.Is(err, recovery.ErrInFlight), errors.Is(err, recovery.ErrMismatch), errors.Is(err, recovery.ErrInvalidInput),
+		errors.Is(err, recovery.ErrForbidden):
 		writeProblem(w, c.claimProblem(r, err))
 	default:
 		c.logger.ErrorContext(r.Context(), "workflow could not run", slog.Any("error", err))

@@ -47,6 +47,13 @@ type gate struct{ entered, release chan struct{} }
 
 func newWorkflowServer(t *testing.T) *workflowServer {
 	t.Helper()
+	return newWorkflowServerWith(t, idemhttp.Config{Tenant: trustedTenant})
+}
+
+// newWorkflowServerWith is newWorkflowServer with the handler configured by
+// cfg.
+func newWorkflowServerWith(t *testing.T, cfg idemhttp.Config) *workflowServer {
+	t.Helper()
 	t.Parallel()
 	s := &workflowServer{server: &server{t: t, db: dbtest.NewPool(t, 16)}, block: make(chan gate, 1)}
 	_, err := s.db.Exec(context.Background(), `CREATE TABLE payments (id bigserial PRIMARY KEY, charge text)`)
@@ -76,7 +83,7 @@ func newWorkflowServer(t *testing.T) *workflowServer {
 	).Finish(func(s *Paid) workflow.Response { return workflow.JSON(http.StatusCreated, s) })
 	engine, err := workflow.NewEngine(s.db, workflow.Config{})
 	require.NoError(t, err)
-	h, err := idemhttp.Workflow(engine, wf, idemhttp.Config{})
+	h, err := idemhttp.Workflow(engine, wf, cfg)
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/charges", h)

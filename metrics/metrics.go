@@ -46,7 +46,7 @@ func New() *Metrics {
 		registry: prometheus.NewRegistry(),
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_claims_total",
-			Help: "Requests carrying an idempotency key, by how they found it: new, replay, conflict, mismatch or takeover.",
+			Help: "Requests carrying an idempotency key, by how they found it: new, replay, conflict, mismatch, forbidden or takeover.",
 		}, []string{"workflow", "outcome"}),
 		leaseLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_lease_lost_total",

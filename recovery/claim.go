@@ -1,7 +1,9 @@
 package recovery
 
 import (
+	"cmp"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,6 +57,17 @@ type ClaimParams struct {
 	// Lease is how long the claim holds the key. 0 means the Store's lease
 	// (Config.Lease).
 	Lease time.Duration
+	// Principal is who makes the request within the tenant (a user, an API
+	// client). Its SHA-256 is stored with a new record, and a claim of the
+	// key by any other principal is ErrForbidden. "" means the tenant
+	// itself: every caller of the tenant is one principal.
+	Principal string
+}
+
+// principalHash is what the record keeps of a principal.
+func principalHash(k Key, principal string) []byte {
+	sum := sha256.Sum256([]byte(cmp.Or(principal, k.Tenant)))
+	return sum[:]
 }
 
 // abandonedError is recorded when a takeover finds a lease that ran out
@@ -74,6 +87,9 @@ const claimRetries = 3
 //     over with a new owner token and returns OutcomeTakeover;
 //   - completed or failed with the same fingerprint: returns OutcomeReplay;
 //   - in flight with a valid lease: returns an *InFlightError (ErrInFlight);
+//   - any existing record made by another principal (p.Principal):
+//     ErrForbidden, whatever its state or request, so that the answer
+//     says nothing of the record;
 //   - any existing record with a different fingerprint or workflow:
 //     ErrMismatch.
 //
@@ -107,7 +123,7 @@ func (s *Store) claimArgs(p ClaimParams) ([]any, error) {
 		return nil, err
 	}
 	return []any{p.Key.Tenant, p.Key.ID, uuid.New(), p.Workflow, p.Fingerprint[:], request, uuid.New(),
-		lease, abandonedError}, nil
+		lease, abandonedError, principalHash(p.Key, p.Principal)}, nil
 }
 
 // checkRequest returns the request to store: nil for none, else JSON in
@@ -156,6 +172,8 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pg
 			return rec, OutcomeNew, nil
 		case outcome == claimedTakeover:
 			return rec, OutcomeTakeover, nil
+		case outcome == claimedByOther:
+			return nil, 0, fmt.Errorf("%w (tenant %q, key %q)", ErrForbidden, p.Key.Tenant, p.Key.ID)
 		case rec.Fingerprint != p.Fingerprint || rec.Workflow != p.Workflow:
 			return nil, 0, fmt.Errorf("%w (tenant %q, key %q)", ErrMismatch, p.Key.Tenant, p.Key.ID)
 		case rec.Finished():

@@ -410,3 +410,57 @@ func TestAnyValidJSONRequestIsStored(t *testing.T) {
 		require.Equal(t, string(p.Request), string(b.load(t, key).State), body)
 	}
 }
+
+// TestClaimByAnotherPrincipalIsForbidden: a record answers only the
+// principal that made it. Any other gets ErrForbidden whatever the record's
+// state and whatever request it sends, so the error tells it nothing; an
+// expired lease is not taken over for it.
+func TestClaimByAnotherPrincipalIsForbidden(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	alice := params(t, key, `{"amount": 100}`)
+	alice.Principal = "alice"
+	rec, _ := b.claim(t, alice)
+
+	others := func(state string) {
+		t.Helper()
+		for _, principal := range []string{"bob", ""} {
+			for _, request := range []string{`{"amount": 100}`, `{"amount": 5}`} {
+				p := params(t, key, request)
+				p.Principal = principal
+				_, _, err := b.store.Claim(b.ctx, p)
+				require.ErrorIs(t, err, recovery.ErrForbidden, "%s: principal %q, request %s", state, principal, request)
+				require.NotContains(t, err.Error(), "in flight", state)
+			}
+		}
+	}
+	others("in flight")
+	b.expire(t, key)
+	others("expired")
+	require.Equal(t, rec.Owner, b.load(t, key).Owner, "no other principal took the expired lease over")
+
+	rec, outcome := b.claim(t, alice)
+	require.Equal(t, recovery.OutcomeTakeover, outcome, "the principal that made the record takes it over")
+	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), jsonResponse))
+	others("completed")
+	_, outcome = b.claim(t, alice)
+	require.Equal(t, recovery.OutcomeReplay, outcome)
+}
+
+// TestRecordWithoutPrincipalIsTheTenants: a record made before principals
+// were stored (migration 0008) answers the tenant's default principal only.
+func TestRecordWithoutPrincipalIsTheTenants(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{}`)
+	rec, _ := b.claim(t, p)
+	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), jsonResponse))
+	_, err := b.db.Exec(b.ctx, `UPDATE onceflow_keys SET principal_hash = NULL`)
+	require.NoError(t, err)
+
+	_, outcome := b.claim(t, p)
+	require.Equal(t, recovery.OutcomeReplay, outcome)
+	p.Principal = "alice"
+	_, _, err = b.store.Claim(b.ctx, p)
+	require.ErrorIs(t, err, recovery.ErrForbidden)
+}

@@ -15,6 +15,12 @@ var (
 	// request (HTTP 422). Replaying the old response would hide a client bug.
 	ErrMismatch = errors.New("idempotency key reused with a different request")
 
+	// ErrForbidden reports a claim by a principal other than the one that
+	// made the key's record (ClaimParams.Principal): nothing ran, and
+	// nothing about the record may be told to the caller, not even whether
+	// it finished (HTTP 403).
+	ErrForbidden = errors.New("idempotency key belongs to another principal")
+
 	// ErrLeaseLost reports a fenced write that matched no row: the lease was
 	// taken over (or released, or the record finished) and this attempt no
 	// longer owns the key. Roll back what it wrote and stop.

@@ -11,6 +11,7 @@ const (
 	claimedNew      = 1
 	claimedTakeover = 2
 	claimedExisting = 3
+	claimedByOther  = 4 // the record belongs to another principal
 )
 
 // claimSQL decides a claim in one round trip and returns one row: the
@@ -22,12 +23,18 @@ const (
 // first claim committed after its read and holds a valid lease; Claim then
 // runs it again, and the new read sees that row.
 //
+// A record whose principal is not the caller's is never taken over, and is
+// reported as claimedByOther (migration 0008; a record made before it has
+// no principal and counts as the tenant's own).
+//
 // Parameters: $1 tenant, $2 key, $3 new id, $4 workflow, $5 fingerprint,
 // $6 request, $7 new owner, $8 lease in microseconds, $9 the error recorded
-// when taking over a lease whose holder stopped without releasing it.
+// when taking over a lease whose holder stopped without releasing it, $10
+// the principal's hash.
 var claimSQL = `
-SELECT ` + recordColumns + `, CASE WHEN id = $3 THEN 1 WHEN owner = $7 THEN 2 ELSE 3 END, clock_timestamp()
-FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid, $8::bigint, $9::text) c`
+SELECT ` + recordColumns + `, CASE WHEN id = $3 THEN 1 WHEN owner = $7 THEN 2
+    WHEN coalesce(principal_hash, sha256(convert_to(tenant_id, 'UTF8'))) <> $10 THEN 4 ELSE 3 END, clock_timestamp()
+FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid, $8::bigint, $9::text, $10::bytea) c`
 
 // takeoverSet mints the new owner ({owner}) and lease ({lease}, in
 // microseconds). A lease that ran out without being released ('-infinity')

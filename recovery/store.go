@@ -21,11 +21,18 @@ const LeaseDefault = 30 * time.Second
 const MaxErrorLength = 4096
 
 // DefaultResponseHeaders are the response headers stored and replayed when
-// Config.ResponseHeaders is nil. Headers that belong to one connection or
-// one client (Set-Cookie, Date, Content-Length) are not replayed.
+// Config.ResponseHeaders is nil: those that say what the response is and
+// how to treat it. Headers that belong to one connection or one client
+// (Set-Cookie, Date, Content-Length) are not replayed.
 var DefaultResponseHeaders = []string{
 	"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified", "Link",
+	"Retry-After", "Cache-Control", "Content-Disposition", "X-Content-Type-Options", "Vary",
+	"Content-Security-Policy",
 }
+
+// neverStored are response headers no allow-list keeps: a session cookie
+// replayed to a retry would hand one client's session to another.
+var neverStored = []string{"Set-Cookie", "Set-Cookie2"}
 
 // DBTX runs statements. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
 type DBTX interface {
@@ -42,6 +49,7 @@ type Config struct {
 
 	// ResponseHeaders lists the response headers Complete and Fail keep.
 	// nil means DefaultResponseHeaders; an empty, non-nil slice keeps none.
+	// Set-Cookie is never kept, listed or not.
 	ResponseHeaders []string
 
 	// Lease is how long a claim holds a key, and how far each Advance
@@ -76,6 +84,9 @@ func New(db DBTX, cfg Config) (*Store, error) {
 	headers := make(map[string]bool, len(allow))
 	for _, h := range allow {
 		headers[http.CanonicalHeaderKey(h)] = true
+	}
+	for _, h := range neverStored {
+		delete(headers, h)
 	}
 	return &Store{db: db, sql: newQueries(schema), headers: headers, lease: lease}, nil
 }

@@ -75,7 +75,7 @@ func fenced(err error) error {
 }
 
 // run starts or continues the workflow for a client's request.
-func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, request any) (*Result, error) {
+func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, request any, opts runOptions) (*Result, error) {
 	req, err := asRequest[Req](w.name, request)
 	if err != nil {
 		return nil, err
@@ -88,7 +88,7 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, requ
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidInput, err)
 	}
-	params := recovery.ClaimParams{Key: key, Workflow: w.name, Fingerprint: fp, Request: canonical}
+	params := recovery.ClaimParams{Key: key, Workflow: w.name, Fingerprint: fp, Request: canonical, Principal: opts.principal}
 	a := &attempt[Req, State]{e: e, w: w, key: key,
 		claim: func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
 			return s.Claim(ctx, params)

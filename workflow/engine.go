@@ -212,16 +212,41 @@ func (e *Engine) Store() *recovery.Store { return e.store }
 // returns an error matching ErrInFlight; the same key with a different
 // request, ErrMismatch.
 //
+// A key whose record another principal made (see AsPrincipal) returns an
+// error matching ErrForbidden, running nothing and telling nothing of the
+// record.
+//
 // If ctx is cancelled mid-way, the attempt stops, hands its lease back and
 // returns the context's error; a retry or Resume finishes the work.
-func (e *Engine) Run(ctx context.Context, key Key, wf Definition, request any) (*Result, error) {
+func (e *Engine) Run(ctx context.Context, key Key, wf Definition, request any, opts ...RunOption) (*Result, error) {
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
 	if err := e.Register(wf); err != nil {
 		return nil, err
 	}
-	return wf.run(ctx, e, key, request)
+	var o runOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return wf.run(ctx, e, key, request, o)
+}
+
+// RunOption changes how Run treats one request.
+type RunOption func(*runOptions)
+
+type runOptions struct {
+	principal string
+}
+
+// AsPrincipal runs the request on behalf of principal, the caller within
+// the key's tenant (a user, an API client): a new record remembers it (as a
+// hash), and a run of the same key by any other principal gets
+// ErrForbidden instead of the stored response. Without it, or with "", the
+// principal is the tenant itself. Pass the principal your authentication
+// established, never one the client states.
+func AsPrincipal(principal string) RunOption {
+	return func(o *runOptions) { o.principal = principal }
 }
 
 // Resume finishes the work of a key whose client is gone, from the stored

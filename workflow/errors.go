@@ -16,6 +16,9 @@ var (
 	// ErrMismatch: the key was used with a different request or workflow
 	// (HTTP 422).
 	ErrMismatch = recovery.ErrMismatch
+	// ErrForbidden: the key's record was made by another principal (see
+	// AsPrincipal); nothing ran (HTTP 403).
+	ErrForbidden = recovery.ErrForbidden
 	// ErrLeaseLost: another attempt took the key over while this one ran;
 	// this attempt's uncommitted writes rolled back and it stopped.
 	ErrLeaseLost = recovery.ErrLeaseLost

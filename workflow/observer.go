@@ -14,13 +14,15 @@ const (
 	ClaimReplay   = "replay"
 	ClaimConflict = "conflict" // in flight elsewhere
 	ClaimMismatch = "mismatch"
+	// ClaimForbidden: the key's record belongs to another principal.
+	ClaimForbidden = "forbidden"
 )
 
 // Observer is told what the engine does, for metrics (see package metrics).
 // Its methods must be quick and safe for concurrent use.
 type Observer interface {
 	// Claimed reports how a run found its key: ClaimNew, ClaimTakeover,
-	// ClaimReplay, ClaimConflict or ClaimMismatch.
+	// ClaimReplay, ClaimConflict, ClaimMismatch or ClaimForbidden.
 	Claimed(workflow, outcome string)
 	// StepFinished reports how long a step's function took and its error.
 	StepFinished(workflow, step string, took time.Duration, err error)
@@ -36,6 +38,8 @@ func claimOutcome(outcome recovery.Outcome, err error) string {
 		return ClaimConflict
 	case errors.Is(err, ErrMismatch):
 		return ClaimMismatch
+	case errors.Is(err, ErrForbidden):
+		return ClaimForbidden
 	case err != nil:
 		return ""
 	}

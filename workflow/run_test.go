@@ -368,3 +368,43 @@ func TestInvalidInputWritesNothing(t *testing.T) {
 	require.ErrorIs(t, e.Register(w.checkout()), workflow.ErrInvalidInput,
 		"another definition under a registered name")
 }
+
+// TestRunByAnotherPrincipalIsForbidden: a key's record answers only the
+// principal that made it (AsPrincipal). Another principal of the same
+// tenant, or none, gets ErrForbidden: it neither resumes a released record
+// nor gets the stored response.
+func TestRunByAnotherPrincipalIsForbidden(t *testing.T) {
+	w := newWorld(t)
+	wf := w.checkout()
+	e := w.engine(workflow.Config{})
+	failed := false
+	w.before = func(ctx context.Context, step string) error {
+		if step == "charge" && !failed {
+			failed = true
+			return errors.New("provider down")
+		}
+		return nil
+	}
+	_, err := e.Run(w.ctx, acme, wf, order, workflow.AsPrincipal("alice"))
+	var stepErr *workflow.StepError
+	require.ErrorAs(t, err, &stepErr)
+
+	others := func(state string) {
+		t.Helper()
+		for _, opts := range [][]workflow.RunOption{{workflow.AsPrincipal("bob")}, nil} {
+			_, err := e.Run(w.ctx, acme, wf, order, opts...)
+			require.ErrorIs(t, err, workflow.ErrForbidden, state)
+		}
+	}
+	others("released")
+	require.Zero(t, w.provider.Effects(), "no other principal resumed the record")
+
+	res, err := e.Run(w.ctx, acme, wf, order, workflow.AsPrincipal("alice"))
+	require.NoError(t, err)
+	require.Equal(t, recovery.OutcomeTakeover, res.Outcome)
+	others("completed")
+	again, err := e.Run(w.ctx, acme, wf, order, workflow.AsPrincipal("alice"))
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	require.Equal(t, 1, w.provider.Effects())
+}

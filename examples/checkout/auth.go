@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/onceflow/onceflow/idemhttp"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -22,16 +23,8 @@ import (
 // the handlers read the tenant from there, never from a client's header.
 
 // authenticator says whose a request is: its tenant, or an error that says
-// why not (a *requestError for a status other than 401).
+// why not (a *idemhttp.RequestError for a status other than 401).
 type authenticator func(*http.Request) (string, error)
-
-// requestError refuses a request with Status and Detail.
-type requestError struct {
-	Status int
-	Detail string
-}
-
-func (e *requestError) Error() string { return e.Detail }
 
 // minTokenLength keeps guessable API keys out of an --api-keys file.
 const minTokenLength = 16
@@ -102,7 +95,7 @@ func (k apiKeys) bearer(r *http.Request) (string, error) {
 		return "", errors.New("no credentials: send Authorization: Bearer <API key>")
 	}
 	if len(values) > 1 {
-		return "", &requestError{Status: http.StatusBadRequest, Detail: "more than one Authorization header"}
+		return "", &idemhttp.RequestError{Status: http.StatusBadRequest, Detail: "more than one Authorization header"}
 	}
 	scheme, token, _ := strings.Cut(values[0], " ")
 	token = strings.TrimLeft(token, " ")
@@ -132,38 +125,23 @@ const tenantHeader = "X-Tenant-ID"
 
 // trustedTenantHeader is the authenticator of `serve --trust-tenant-header`,
 // for a server behind a proxy that authenticates clients and sets the
-// header: one value, not repeated, not a list. A proxy that appends its
-// value to a client's rather than replacing it yields two, which is
-// refused, never resolved in the client's favour.
-func trustedTenantHeader(r *http.Request) (string, error) {
-	values := r.Header.Values(tenantHeader)
-	switch {
-	case len(values) == 0:
-		return "", errors.New("no tenant: the " + tenantHeader + " header is missing")
-	case len(values) > 1:
-		return "", &requestError{Status: http.StatusBadRequest, Detail: "more than one " + tenantHeader + " header"}
-	case strings.Contains(values[0], ","):
-		return "", &requestError{Status: http.StatusBadRequest, Detail: "more than one value in the " + tenantHeader + " header"}
-	}
-	tenant := strings.Trim(values[0], " \t")
-	if tenant == "" {
-		return "", errors.New("no tenant: the " + tenantHeader + " header is empty")
-	}
-	return tenant, nil
-}
+// header: one value, not repeated, not a list (a proxy that appends its
+// value to a client's yields two, which is refused, never resolved in the
+// client's favour).
+var trustedTenantHeader = idemhttp.TenantFromTrustedHeader(tenantHeader)
 
 type tenantKey struct{}
 
 // authenticated runs next for the requests auth accepts, with their tenant
 // in the context, and answers the others: 401 with a Bearer challenge, or
-// the status of a *requestError, as problem details.
+// the status of a *idemhttp.RequestError, as problem details.
 func authenticated(auth authenticator, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tenant, err := auth(r)
 		if err != nil {
-			var refused *requestError
+			var refused *idemhttp.RequestError
 			if !errors.As(err, &refused) {
-				refused = &requestError{Status: http.StatusUnauthorized, Detail: err.Error()}
+				refused = &idemhttp.RequestError{Status: http.StatusUnauthorized, Detail: err.Error()}
 			}
 			if refused.Status == http.StatusUnauthorized {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="checkout"`)
@@ -182,13 +160,4 @@ func authenticatedTenant(r *http.Request) (string, error) {
 		return tenant, nil
 	}
 	return "", errors.New("the request was not authenticated")
-}
-
-// idemhttpTenant adapts authenticatedTenant to idemhttp.Config.Tenant as it
-// is today (an empty tenant is 401). This is the one place that knows that
-// signature: once Config.Tenant is an authenticator, pass
-// authenticatedTenant instead.
-func idemhttpTenant(r *http.Request) string {
-	tenant, _ := authenticatedTenant(r)
-	return tenant
 }

@@ -20,7 +20,7 @@ func httpCase(ctx context.Context, srv *server, cfg Config) ([]Result, error) {
 		return nil, err
 	}
 	defer db.pool.Close()
-	idempotent, err := idemhttp.Middleware(db.pool, idemhttp.Config{})
+	idempotent, err := idemhttp.Middleware(db.pool, idemhttp.Config{Tenant: idemhttp.TenantFromTrustedHeader("X-Tenant-ID")})
 	if err != nil {
 		return nil, err
 	}

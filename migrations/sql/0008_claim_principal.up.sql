@@ -1,0 +1,62 @@
+-- A stored response is replayed only to the caller that may see it. A
+-- replay skips the handler, so the application's own checks inside it never
+-- run: the record must remember who made it. principal_hash is the SHA-256
+-- of the principal that claimed the key (the caller within the tenant, or
+-- the tenant itself when the application names no principal). A record
+-- made before this migration has none; it counts as the tenant's own,
+-- which is what the claim then checked, so that no existing row is
+-- rewritten.
+--
+-- The claim function gains the principal and decides as 0006's does, but
+-- for one more rule: a record whose principal is not the caller's is
+-- returned as it is and never taken over, whatever its state, and the
+-- claim statement reports it as outcome 4, which the caller answers with a
+-- refusal that says nothing of the record. The old function is dropped: a
+-- build older than this migration cannot claim keys after it.
+ALTER TABLE {schema}.onceflow_keys ADD COLUMN principal_hash bytea;
+
+DROP FUNCTION {schema}.onceflow_claim(text, text, uuid, text, bytea, json, uuid, bigint, text);
+
+CREATE FUNCTION {schema}.onceflow_claim(
+    p_tenant text, p_key text, p_id uuid, p_workflow text, p_hash bytea, p_request json,
+    p_owner uuid, p_lease bigint, p_abandoned text, p_principal bytea)
+RETURNS SETOF {schema}.onceflow_keys
+LANGUAGE plpgsql AS $onceflow_claim$
+DECLARE
+    existing {schema}.onceflow_keys;
+    rec {schema}.onceflow_keys;
+    lock_wait text;
+    written boolean;
+BEGIN
+    SELECT * INTO existing FROM {schema}.onceflow_keys k WHERE k.tenant_id = p_tenant AND k.key = p_key;
+    IF FOUND AND NOT (existing.status = 'in_flight' AND existing.locked_until < clock_timestamp()
+                      AND existing.request_hash = p_hash AND existing.workflow = p_workflow
+                      AND coalesce(existing.principal_hash, sha256(convert_to(existing.tenant_id, 'UTF8'))) = p_principal) THEN
+        RETURN NEXT existing;
+        RETURN;
+    END IF;
+
+    lock_wait := current_setting('lock_timeout');
+    PERFORM set_config('lock_timeout', '10ms', true);
+    INSERT INTO {schema}.onceflow_keys AS k (tenant_id, key, id, workflow, request_hash, request, owner, locked_until, principal_hash)
+    VALUES (p_tenant, p_key, p_id, p_workflow, p_hash, p_request, p_owner,
+            clock_timestamp() + p_lease * interval '1 microsecond', p_principal)
+    ON CONFLICT (tenant_id, key) DO UPDATE SET
+        owner = p_owner,
+        locked_until = clock_timestamp() + p_lease * interval '1 microsecond',
+        updated_at = clock_timestamp(),
+        attempts = k.attempts + (k.locked_until <> '-infinity')::int,
+        last_error = CASE WHEN k.locked_until = '-infinity' THEN k.last_error ELSE p_abandoned END
+    WHERE k.status = 'in_flight' AND k.locked_until < clock_timestamp()
+      AND k.request_hash = EXCLUDED.request_hash AND k.workflow = EXCLUDED.workflow
+      AND coalesce(k.principal_hash, sha256(convert_to(k.tenant_id, 'UTF8'))) = EXCLUDED.principal_hash
+    RETURNING * INTO rec;
+    written := FOUND; -- before PERFORM, which sets FOUND too
+    PERFORM set_config('lock_timeout', lock_wait, true);
+    IF written THEN
+        RETURN NEXT rec;
+    ELSIF existing.tenant_id IS NOT NULL THEN
+        RETURN NEXT existing;
+    END IF;
+END
+$onceflow_claim$;
