@@ -16,7 +16,13 @@
 // the run fails at once.
 //
 // It prints a line per mutant and, last, "N mutants, M caught". It exits 1
-// when a mutant survived or is broken, 2 when it could not run.
+// when a mutant survived or is broken, 2 when it could not run. With
+// -baseline it runs the same tests on the unpatched module, a package at a
+// time, and requires them to pass: a mutant caught by a test that fails
+// anyway proves nothing.
+//
+// The tests share one throwaway PostgreSQL the command starts, unless
+// ONCEFLOW_DATABASE_URL or DATABASE_URL names a server.
 package main
 
 import (
@@ -52,6 +58,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	only := fs.String("run", "", "run only the mutants whose names match this regexp")
 	list := fs.Bool("list", false, "list the mutants and exit")
 	jobs := fs.Int("j", 1, "mutants run at once")
+	baseline := fs.Bool("baseline", false, "run the mutants' tests on the unpatched module instead: they must pass")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -83,7 +90,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	defer stop()
+	if *baseline {
+		selected = unpatched(selected)
+	}
 	caught, err := runAll(root, selected, max(*jobs, 1), env, stdout)
+	if *baseline && err == nil {
+		fmt.Fprintf(stdout, "%d packages, %d failed\n", len(selected), caught)
+		if caught > 0 {
+			return 1
+		}
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "mutants:", err)
 		return 2
@@ -108,6 +125,23 @@ func databaseEnv() ([]string, func(), error) {
 		return nil, nil, err
 	}
 	return append(os.Environ(), "ONCEFLOW_DATABASE_URL="+cluster.URL()), func() { _ = cluster.Stop() }, nil
+}
+
+// unpatched returns, per package of ms, a mutant with no edits that runs
+// all of their tests.
+func unpatched(ms []Mutant) []Mutant {
+	var out []Mutant
+	index := map[string]int{}
+	for _, m := range ms {
+		i, ok := index[m.Pkg]
+		if !ok {
+			i, index[m.Pkg] = len(out), len(out)
+			out = append(out, Mutant{Name: "baseline " + m.Pkg, Breaks: "nothing", Pkg: m.Pkg, Run: m.Run})
+			continue
+		}
+		out[i].Run += "|" + m.Run
+	}
+	return out
 }
 
 // choose returns the mutants whose names match pattern ("" matches all).
@@ -181,10 +215,11 @@ func runAll(root string, ms []Mutant, jobs int, env []string, stdout io.Writer) 
 				if err != nil {
 					errs = append(errs, fmt.Errorf("%s: %w", m.Name, err))
 				}
-				fmt.Fprintf(stdout, "%-8s %-32s %s -run '%s' (%s)\n", v, m.Name, m.Pkg, m.Run, took.Round(100*time.Millisecond))
+				fmt.Fprintf(stdout, "%-8s %-32s %s -run '%s' (%s)\n", label(v, m), m.Name, m.Pkg, m.Run, took.Round(100*time.Millisecond))
 				if v == Caught {
 					caught++
-				} else {
+				}
+				if v != wanted(m) {
 					fmt.Fprintf(stdout, "    %s\n    %s\n", m.Breaks, strings.ReplaceAll(child.LastLines(out, 20), "\n", "\n    "))
 				}
 				mu.Unlock()
@@ -197,6 +232,28 @@ func runAll(root string, ms []Mutant, jobs int, env []string, stdout io.Writer) 
 	close(todo)
 	wg.Wait()
 	return caught, errors.Join(errs...)
+}
+
+// wanted is the verdict m must get: caught, or for the unpatched module
+// (no edits) passing tests.
+func wanted(m Mutant) Verdict {
+	if len(m.Edits) == 0 {
+		return Survived
+	}
+	return Caught
+}
+
+// label is how a line reports v.
+func label(v Verdict, m Mutant) string {
+	switch {
+	case len(m.Edits) > 0:
+		return v.String()
+	case v == Survived:
+		return "passed"
+	case v == Caught:
+		return "FAILED"
+	}
+	return v.String()
 }
 
 // runOne applies m to the copy in dir, runs its tests and restores the
