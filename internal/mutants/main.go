@@ -136,10 +136,11 @@ func unpatched(ms []Mutant) []Mutant {
 		i, ok := index[m.Pkg]
 		if !ok {
 			i, index[m.Pkg] = len(out), len(out)
-			out = append(out, Mutant{Name: "baseline " + m.Pkg, Breaks: "nothing", Pkg: m.Pkg, Run: m.Run})
+			out = append(out, Mutant{Name: "baseline " + m.Pkg, Breaks: "nothing", Pkg: m.Pkg, Run: m.Run, Env: m.Env})
 			continue
 		}
 		out[i].Run += "|" + m.Run
+		out[i].Env = append(out[i].Env, m.Env...)
 	}
 	return out
 }
@@ -283,7 +284,7 @@ func runOne(dir string, m Mutant, env []string) (Verdict, time.Duration, []byte,
 	started := time.Now()
 	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-vet=off", "-timeout", testTimeout.String(),
 		"-run", m.Run, m.Pkg)
-	cmd.Dir, cmd.Env = dir, env
+	cmd.Dir, cmd.Env = dir, append(env[:len(env):len(env)], m.Env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	runErr := cmd.Run()

@@ -25,6 +25,10 @@ type Mutant struct {
 	Pkg string
 	// Run is the -run regexp of the tests the Guarantees row names.
 	Run string
+	// Env is added to the tests' environment (NAME=value): for a seeded
+	// fault test, its long variant, which meets the broken path on every
+	// seed where the short one meets it on most.
+	Env []string
 }
 
 // Edit replaces Old with New in File, a path from the module's root.
