@@ -80,7 +80,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if *list {
 		for _, m := range selected {
-			fmt.Fprintf(stdout, "%-32s %-18s %s\n", m.Name, m.Pkg, m.Breaks)
+			fmt.Fprintf(stdout, "%-32s %s -run '%s'\n    %s\n", m.Name, m.Pkg, m.Run, m.Breaks)
 		}
 		return 0
 	}

@@ -201,10 +201,10 @@ var mutants = []Mutant{
 	},
 	{
 		Name:   "isolation-not-pinned",
-		Breaks: "the engine's transactions take the server's default isolation",
-		Edits: []Edit{{File: "workflow/attempt.go",
-			Old: `const beginSQL = "begin isolation level read committed"`, New: `const beginSQL = "begin"`}},
-		Pkg: "./workflow", Run: "^TestServerDefaultIsolationDoesNotMatter$",
+		Breaks: "the middleware's transactions take the server's default isolation",
+		Edits: []Edit{{File: "idemhttp/middleware.go",
+			Old: "var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}", New: "var readCommitted = pgx.TxOptions{}"}},
+		Pkg: "./idemhttp", Run: "^TestCompletesOnARepeatableReadServer$",
 	},
 	{
 		Name:   "derived-key-without-record-id",
