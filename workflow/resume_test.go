@@ -110,24 +110,31 @@ func TestResumeErrors(t *testing.T) {
 }
 
 // TestZombieIsFencedOut: an attempt stalls inside an atomic phase past its
-// lease; another takes over and finishes; when the stalled one wakes and
-// tries to commit, its transaction rolls back and the new owner's result
-// stands.
+// lease; another takes over, and while the new owner is in flight (in its
+// charge), the stalled one wakes and tries to commit: only the owner token
+// tells the two apart then. Its transaction rolls back, and the new owner
+// finishes and its result stands.
 func TestZombieIsFencedOut(t *testing.T) {
 	w := newWorld(t)
 	stalled, wake := make(chan struct{}), make(chan struct{})
-	first := true
+	zombieDone := make(chan error, 1)
+	first, charges := true, 0
 	w.before = func(ctx context.Context, step string) error {
-		if step == "record_charge" && first {
+		switch {
+		case step == "record_charge" && first:
 			first = false
 			close(stalled)
 			<-wake
+		case step == "charge":
+			if charges++; charges == 2 { // the new owner's charge
+				close(wake) // the zombie now inserts its ledger row and tries to commit
+				require.ErrorIs(t, <-zombieDone, workflow.ErrLeaseLost)
+			}
 		}
 		return nil
 	}
 	wf := w.checkout()
 	zombie := w.engine(workflow.Config{})
-	zombieDone := make(chan error, 1)
 	go func() {
 		_, err := zombie.Run(w.ctx, acme, wf, order)
 		zombieDone <- err
@@ -139,10 +146,7 @@ func TestZombieIsFencedOut(t *testing.T) {
 	res, err := e.Run(w.ctx, acme, wf, order)
 	require.NoError(t, err)
 	require.Equal(t, 201, res.Response.Status)
-
-	close(wake) // the zombie now inserts its ledger row and tries to commit
-	err = <-zombieDone
-	require.ErrorIs(t, err, workflow.ErrLeaseLost)
+	require.Equal(t, 2, charges, "the zombie woke while the new owner was in flight")
 	require.Equal(t, 1, w.ledger(), "the zombie's write rolled back")
 	require.Equal(t, 1, w.orders())
 	stored, err := e.Run(w.ctx, acme, wf, order)
