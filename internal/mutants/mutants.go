@@ -11,7 +11,7 @@ var mutants = []Mutant{
 	{
 		Name:   "claim-not-atomic",
 		Breaks: "the claim's ON CONFLICT takes over a record whose lease is valid",
-		Edits: []Edit{{File: "migrations/sql/0006_claim_lock_timeout.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0008_claim_principal.up.sql",
 			Old: `    WHERE k.status = 'in_flight' AND k.locked_until < clock_timestamp()
       AND k.request_hash = EXCLUDED.request_hash`,
 			New: `    WHERE k.status = 'in_flight'
@@ -21,7 +21,7 @@ var mutants = []Mutant{
 	{
 		Name:   "lock-timeout-removed",
 		Breaks: "a duplicate's claim waits on the first claim's row lock for its whole first phase",
-		Edits: []Edit{{File: "migrations/sql/0006_claim_lock_timeout.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0008_claim_principal.up.sql",
 			Old: "    PERFORM set_config('lock_timeout', '10ms', true);\n", New: ""}},
 		Pkg: "./workflow", Run: "^TestDuplicateDoesNotWaitForTheFirstPhase$",
 	},
@@ -116,7 +116,7 @@ var mutants = []Mutant{
 	{
 		Name:   "tenant-dropped",
 		Breaks: "the claim reads a key's record whatever its tenant",
-		Edits: []Edit{{File: "migrations/sql/0006_claim_lock_timeout.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0008_claim_principal.up.sql",
 			Old: "WHERE k.tenant_id = p_tenant AND k.key = p_key;",
 			New: "WHERE k.key = p_key;"}},
 		Pkg: "./recovery", Run: "^TestTenantsAreIsolated$",
@@ -212,5 +212,26 @@ var mutants = []Mutant{
 		Edits: []Edit{{File: "foreign/key.go",
 			Old: "\th.Write(recordID[:])\n", New: "\t_ = recordID\n"}},
 		Pkg: "./foreign", Run: "^TestDeriveKey$",
+	},
+	{
+		Name:   "principal-ignored",
+		Breaks: "a record made by another principal is answered as the caller's own",
+		Edits: []Edit{{File: "recovery/sql.go",
+			Old: "<> $10 THEN 4", New: "<> $10 AND false THEN 4"}},
+		Pkg: "./idemhttp", Run: "^TestAttackReplayToAnotherPrincipal$",
+	},
+	{
+		Name:   "repeated-tenant-header-taken",
+		Breaks: "a trusted tenant header sent twice yields its first copy",
+		Edits: []Edit{{File: "idemhttp/key.go",
+			Old: "\t\tcase len(values) > 1:\n", New: "\t\tcase len(values) > 1 && false:\n"}},
+		Pkg: "./idemhttp", Run: "^TestAttackRepeatedTenantHeaderIsRefused$",
+	},
+	{
+		Name:   "refusals-stored",
+		Breaks: "401, 403, 407, 408, 425 and 429 are stored and replayed",
+		Edits: []Edit{{File: "idemhttp/config.go",
+			Old: "\t\treturn false\n\t}\n\treturn status < 500", New: "\t\treturn true\n\t}\n\treturn status < 500"}},
+		Pkg: "./idemhttp", Run: "^TestAttackStoredRefusalIsNotReplayed$",
 	},
 }
