@@ -253,7 +253,7 @@ const lockNotAvailable = "55P03"
 // instead of after that phase.
 func claimError(k Key, err error) error {
 	if isLockTimeout(err) {
-		return &InFlightError{Key: k, RetryAfter: time.Second}
+		return &InFlightError{Key: k, RetryAfter: time.Second, Contended: true}
 	}
 	return fmt.Errorf("claim key: %w", err)
 }

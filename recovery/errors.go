@@ -49,6 +49,11 @@ var (
 type InFlightError struct {
 	Key        Key
 	RetryAfter time.Duration
+	// Contended says the claim gave up waiting for a row lock (migration
+	// 0006's lock_timeout) instead of reading a valid lease: usually a
+	// concurrent first claim whose first phase still runs, but on an
+	// overloaded server also a brief wait that a second try gets past.
+	Contended bool
 }
 
 // Error says which key is in flight and when its lease ends.

@@ -230,6 +230,14 @@ func (a *attempt[Req, State]) claimWith(ctx context.Context, folded bool) (*reco
 	claimCtx, cancel := context.WithTimeout(ctx, a.e.dbTimeout)
 	defer cancel()
 	rec, outcome, err := a.claimWithin(claimCtx, folded)
+	var inFlight *recovery.InFlightError
+	if folded && errors.As(err, &inFlight) && inFlight.Contended {
+		// The lock wait ended the claim's transaction. Try once more in a
+		// new one: a duplicate of a running first phase times out again
+		// (milliseconds), while a wait an overloaded server caused is over.
+		a.rollback()
+		rec, outcome, err = a.claimWithin(claimCtx, folded)
+	}
 	if err != nil && claimCtx.Err() != nil && ctx.Err() == nil {
 		err = fmt.Errorf("%w: no answer within %s (Config.DBTimeout): %w", ErrUnavailable, a.e.dbTimeout, err)
 	}
