@@ -1,4 +1,4 @@
-// Command mutants proves that the tests the README's Guarantees table names
+// Command mutants proves that the tests the Guarantees table (docs/guarantees.md) names
 // can fail: it breaks each row's mechanism with a small patch (a mutant),
 // runs the row's tests against the broken copy, and requires them to fail.
 //

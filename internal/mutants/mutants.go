@@ -4,7 +4,7 @@ package main
 // still typed, so the statement runs.
 const unfenced = "tenant_id = $1 AND key = $2 AND $3::uuid IS NOT NULL AND status = 'in_flight'"
 
-// mutants are the patches the README's Guarantees table names, one or more
+// mutants are the patches the Guarantees table (docs/guarantees.md) names, one or more
 // per row, each with the tests of its row. Keep each patch small and each
 // -run narrow: the whole list runs in CI.
 var mutants = []Mutant{

@@ -13,7 +13,7 @@ import (
 // Mutant is one deliberate break of the mechanism a Guarantees row names,
 // and the tests that must fail because of it.
 type Mutant struct {
-	// Name is how the README's Guarantees table refers to the mutant.
+	// Name is how the Guarantees table (docs/guarantees.md) refers to the mutant.
 	Name string
 	// Breaks says what the patch does to the mechanism, in a line.
 	Breaks string
