@@ -2,6 +2,7 @@ package idemhttp_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,9 +12,13 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/idemhttp"
+	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/workflow"
 )
 
 // tenantKey is where this example's authentication puts the tenant.
@@ -102,4 +107,101 @@ func ExampleMiddleware() {
 	// 201 {"status":"sent"} replayed: false
 	// 201 {"status":"sent"} replayed: true
 	// transfers made: 1
+}
+
+type Order struct {
+	Customer    string `json:"customer"`
+	AmountCents int64  `json:"amount_cents"`
+}
+
+// Validate makes Workflow answer 422, before any record, to an order that
+// cannot be right.
+func (o Order) Validate() error {
+	if o.AmountCents <= 0 {
+		return errors.New("amount_cents must be positive")
+	}
+	return nil
+}
+
+type Charged struct {
+	OrderID  int64  `json:"order_id"`
+	ChargeID string `json:"charge_id"`
+}
+
+// Serve a workflow over HTTP, behind your authentication: the handler
+// decodes the body strictly into the request type, validates it, runs the
+// workflow under the Idempotency-Key and answers with its response. A
+// retry gets the stored bytes; the same key with another body is 422.
+func ExampleWorkflow() {
+	ctx := context.Background()
+	db, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated with package migrations
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(ctx, `CREATE TABLE IF NOT EXISTS example_orders (id bigserial PRIMARY KEY, customer text, amount_cents bigint)`); err != nil {
+		panic(err)
+	}
+	charges := map[string]string{} // a payment provider's charges, by idempotency key
+	checkout := workflow.Define("checkout",
+		phase.Atomic("create_order", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, Charged]) error {
+			return tx.QueryRow(ctx, `INSERT INTO example_orders (customer, amount_cents) VALUES ($1, $2) RETURNING id`,
+				r.Request.Customer, r.Request.AmountCents).Scan(&r.State.OrderID)
+		}),
+		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Order, Charged]) error {
+			if _, ok := charges[c.Key]; !ok { // the provider deduplicates by key
+				charges[c.Key] = fmt.Sprintf("ch_%d", len(charges)+1)
+			}
+			c.State.ChargeID = charges[c.Key]
+			return nil
+		}),
+	).Finish(func(s *Charged) workflow.Response { return workflow.JSON(http.StatusCreated, s) })
+	engine, err := workflow.NewEngine(db, workflow.Config{})
+	if err != nil {
+		panic(err)
+	}
+	orders, err := idemhttp.Workflow(engine, checkout, idemhttp.Config{
+		Tenant: func(r *http.Request) (string, error) {
+			tenant, ok := r.Context().Value(tenantKey{}).(string)
+			if !ok {
+				return "", errors.New("the request did not go through authentication")
+			}
+			return tenant, nil
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/orders", authenticate(orders))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	key := uuid.NewString()
+	for _, body := range []string{
+		`{"customer":"ada","amount_cents":4200}`,
+		`{"amount_cents": 4200, "customer": "ada"}`, // the same order, spelled differently
+		`{"customer":"ada","amount_cents":9900}`,
+		`{"customer":"ada","amount_cents":-1}`,
+	} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/orders", strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Authorization", "Bearer acme-secret-token")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			panic(err)
+		}
+		answer, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var problem struct{ Detail string }
+		_ = json.Unmarshal(answer, &problem)
+		fmt.Println(strings.TrimSpace(fmt.Sprint(resp.StatusCode, " replayed: ", resp.Header.Get("Idempotent-Replayed") == "true", " ", problem.Detail)))
+	}
+	fmt.Println("charges made:", len(charges))
+	// Output:
+	// 201 replayed: false
+	// 201 replayed: true
+	// 422 replayed: false this Idempotency-Key was used with a different request
+	// 422 replayed: false amount_cents must be positive
+	// charges made: 1
 }
