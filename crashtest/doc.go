@@ -1,15 +1,15 @@
 // Package crashtest proves that a workflow survives a process death at any
 // point: for users' own workflows, against a real database.
 //
-// Explore runs the workflow once without crashing to learn its crash points
-// (workflow.CrashPoints: before each step, after each foreign call before
+// [Explore] runs the workflow once without crashing to learn its crash points
+// ([workflow.CrashPoints]: before each step, after each foreign call before
 // its result is committed, before and after each commit) and its response.
 // Then, for every crash point and in a fresh world each time, it runs the
 // workflow and stops the attempt at that point as a process death would (no
 // lease release, no cleanup; an open transaction rolls back), expires the
 // lease through a test hook instead of waiting it out, and recovers with a
-// new engine: once as the client's retry would (Engine.Run) and once as the
-// sweeper would (Engine.Resume). It checks that the recovered response
+// new engine: once as the client's retry would ([workflow.Engine.Run]) and once as
+// the sweeper would ([workflow.Engine.Resume]). It checks that the recovered response
 // equals the uncrashed one and that the world's invariant holds. Then it
 // wakes the stopped attempt, as a paused process that resumes after its
 // lease was taken over: every write it tries must be fenced out, and the

@@ -1,8 +1,8 @@
 // Package outbox delivers side effects that cannot take an idempotency key:
 // email, SMS, anything that ends at a human.
 //
-// Enqueue writes a message inside a phase's transaction, so it exists
-// exactly when the business change does. A Relay takes batches of pending
+// [Outbox.Enqueue] writes a message inside a phase's transaction, so it exists
+// exactly when the business change does. A [Relay] takes batches of pending
 // messages (FOR UPDATE SKIP LOCKED, so several relays share the work),
 // hides them for a lease, and hands each to the handler registered for its
 // topic. A failed delivery is retried with exponential backoff and jitter;
@@ -11,7 +11,7 @@
 // lease ends: delivery is at least once.
 //
 // Each message has a stable dedupe key. A consumer makes the effect once
-// with Process, which records the key in the consumer's own transaction
+// with [Outbox.Process], which records the key in the consumer's own transaction
 // under a primary key, so the database refuses a redelivery however late
 // it arrives.
 package outbox

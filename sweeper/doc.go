@@ -1,9 +1,9 @@
 // Package sweeper runs onceflow's background work on cron schedules:
-// pruning finished records (Pruner), finishing work whose client went away
-// (Completer), and delivering the outbox (RelayTask).
+// pruning finished records ([Pruner]), finishing work whose client went away
+// ([Completer]), and delivering the outbox ([RelayTask]).
 //
-// A Sweeper takes tasks and their schedules (standard five-field cron specs
-// or descriptors such as "@every 10s"). Start returns at once; Stop cancels
+// A [Sweeper] ([New]) takes tasks and their schedules (standard five-field cron specs
+// or descriptors such as "@every 10s"). [Sweeper.Start] returns at once; [Sweeper.Stop] cancels
 // running tasks, waits for them and is safe to call twice. A run that is
 // still going when its next turn comes is skipped, not doubled.
 //
