@@ -415,3 +415,21 @@ func memoryKiB(t *testing.T, pid int, field string) int64 {
 	require.FailNow(t, "no "+field+" in /proc/PID/status")
 	return 0
 }
+
+// TestOrderIDTheDatabaseCannotHoldIs404: an order id that is not valid
+// UTF-8 or holds a NUL, which no order can have, is 404 like any other
+// unknown id; it made the database refuse the query, which was answered 503
+// ("could not be read") and logged as an error, at a client's will.
+func TestOrderIDTheDatabaseCannotHoldIs404(t *testing.T) {
+	e := newEnv(t)
+	app := e.serve()
+	for _, id := range []string{"%ff", "ord_%00", "ord_%c3%28"} {
+		read, err := http.NewRequest(http.MethodGet, app.URL+"/v1/orders/"+id, nil)
+		require.NoError(t, err)
+		authorize(read, "acme")
+		res := e.send(read)
+		requireProblem(t, res, http.StatusNotFound)
+		require.Contains(t, res.body, "no such order", id)
+	}
+	require.NotContains(t, app.Stderr(), "read order", "nothing to log")
+}
