@@ -269,7 +269,8 @@ func (c *core) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *proble
 	mu.Lock()
 	read = true
 	mu.Unlock()
-	if !cutOff.Stop() && err == nil {
+	cut := !cutOff.Stop()
+	if cut && err == nil {
 		_ = deadline.SetReadDeadline(time.Time{}) // read whole just in time: keep the connection usable
 	}
 	var overLimit *http.MaxBytesError
@@ -277,8 +278,12 @@ func (c *core) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *proble
 	case errors.As(err, &overLimit):
 		return nil, tooLarge
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return nil, &problem{status: http.StatusRequestTimeout, closeConn: true,
-			detail: fmt.Sprintf("the body did not arrive within %s", c.bodyTimeout)}
+		// Whose deadline it was: ours, or the server's (ReadTimeout).
+		detail := "the request did not arrive within the server's read timeout"
+		if cut {
+			detail = fmt.Sprintf("the body did not arrive within %s", c.bodyTimeout)
+		}
+		return nil, &problem{status: http.StatusRequestTimeout, closeConn: true, detail: detail}
 	case err != nil:
 		return nil, &problem{status: http.StatusBadRequest, detail: "could not read the body: " + err.Error()}
 	}

@@ -335,6 +335,7 @@ func TestManySlowBodiesAreCutOff(t *testing.T) {
 	half := bytes.Repeat([]byte(" "), sent)
 	type outcome struct {
 		status int
+		detail string
 		after  time.Duration // from dialling to the server closing the connection
 		err    error
 	}
@@ -368,6 +369,12 @@ func TestManySlowBodiesAreCutOff(t *testing.T) {
 				return
 			}
 			o.status = resp.StatusCode
+			detail, err := io.ReadAll(resp.Body)
+			if err != nil {
+				o.err = err
+				return
+			}
+			o.detail = string(detail)
 			_, err = io.Copy(io.Discard, in) // until the server closes the connection
 			o.after = time.Since(start)
 			var netErr net.Error
@@ -380,6 +387,7 @@ func TestManySlowBodiesAreCutOff(t *testing.T) {
 	for i, o := range outcomes {
 		require.NoError(t, o.err, "connection %d", i)
 		require.Equal(t, http.StatusRequestTimeout, o.status, "connection %d", i)
+		require.Contains(t, o.detail, "read timeout", "connection %d: the server's read timeout cut it off, not idemhttp's body timeout", i)
 		require.LessOrEqual(t, o.after, closedWithin, "connection %d was closed %s after it was opened", i, o.after)
 	}
 
