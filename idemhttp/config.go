@@ -265,11 +265,12 @@ func (c *core) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *proble
 			_ = deadline.SetReadDeadline(time.Now())
 		}
 	})
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, c.maxBody))
+	body, err := readAll(http.MaxBytesReader(w, r.Body, c.maxBody))
 	mu.Lock()
 	read = true
 	mu.Unlock()
-	if !cutOff.Stop() && err == nil {
+	cut := !cutOff.Stop()
+	if cut && err == nil {
 		_ = deadline.SetReadDeadline(time.Time{}) // read whole just in time: keep the connection usable
 	}
 	var overLimit *http.MaxBytesError
@@ -277,12 +278,44 @@ func (c *core) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *proble
 	case errors.As(err, &overLimit):
 		return nil, tooLarge
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return nil, &problem{status: http.StatusRequestTimeout, closeConn: true,
-			detail: fmt.Sprintf("the body did not arrive within %s", c.bodyTimeout)}
+		// Whose deadline it was: ours, or the server's (ReadTimeout).
+		detail := "the request did not arrive within the server's read timeout"
+		if cut {
+			detail = fmt.Sprintf("the body did not arrive within %s", c.bodyTimeout)
+		}
+		return nil, &problem{status: http.StatusRequestTimeout, closeConn: true, detail: detail}
 	case err != nil:
 		return nil, &problem{status: http.StatusBadRequest, detail: "could not read the body: " + err.Error()}
 	}
 	return body, nil
+}
+
+// readChunk is the largest piece readAll reads into.
+const readChunk = 32 << 10
+
+// readAll reads r to its end, like io.ReadAll, into pieces of at most
+// readChunk bytes that it joins once the whole body is in. A read that
+// fails drops what came; io.ReadAll would first copy it into one slice,
+// which, when the slow bodies of many connections are cut off at once,
+// doubles the memory they hold at that moment.
+func readAll(r io.Reader) ([]byte, error) {
+	var pieces [][]byte
+	piece := make([]byte, 0, 512)
+	for {
+		n, err := r.Read(piece[len(piece):cap(piece)])
+		piece = piece[:len(piece)+n]
+		switch {
+		case err == io.EOF && len(pieces) == 0:
+			return piece, nil
+		case err == io.EOF:
+			return slices.Concat(append(pieces, piece)...), nil
+		case err != nil:
+			return nil, err
+		case len(piece) == cap(piece):
+			pieces = append(pieces, piece)
+			piece = make([]byte, 0, min(2*cap(piece), readChunk))
+		}
+	}
 }
 
 // problem is an error answer, written as RFC 9457 problem details.

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -242,6 +243,11 @@ func (a *app) getOrder(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, workflow.Problem(http.StatusUnauthorized, err.Error()))
 		return
 	}
+	id := r.PathValue("order_id")
+	if !utf8.ValidString(id) || strings.ContainsRune(id, 0) { // no text column holds it: no order has it
+		writeProblem(w, workflow.Problem(http.StatusNotFound, "no such order"))
+		return
+	}
 	var order struct {
 		OrderID     string  `json:"order_id"`
 		CustomerID  string  `json:"customer_id"`
@@ -254,7 +260,7 @@ func (a *app) getOrder(w http.ResponseWriter, r *http.Request) {
 	err = a.db.QueryRow(r.Context(), `
 		SELECT o.id, o.customer_id, o.status, o.charge_id, o.amount_cents, o.currency, r.order_id IS NOT NULL
 		FROM checkout_orders o LEFT JOIN checkout_receipts r ON r.order_id = o.id
-		WHERE o.id = $1 AND o.tenant_id = $2`, r.PathValue("order_id"), tenant).
+		WHERE o.id = $1 AND o.tenant_id = $2`, id, tenant).
 		Scan(&order.OrderID, &order.CustomerID, &order.Status, &order.ChargeID, &order.AmountCents, &order.Currency, &order.ReceiptSent)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):

@@ -2,17 +2,23 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/idemhttp"
 )
 
 // The attack suite: each test tries, against a running checkout server, what
@@ -297,4 +303,141 @@ func TestSlowClientsAreCutOff(t *testing.T) {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusRequestHeaderFieldsTooLarge, resp.StatusCode)
+}
+
+// TestManySlowBodiesAreCutOff: many connections each declare a body of the
+// size limit less one byte, send half of it and stall, to make the server
+// hold their memory. Each is answered 408 and closed once the read timeout
+// has passed, none runs a checkout, the server holds little more than what
+// they sent, and it answers a normal checkout afterwards.
+func TestManySlowBodiesAreCutOff(t *testing.T) {
+	e := newEnv(t)
+	const (
+		conns       = 150
+		declared    = idemhttp.MaxBodyDefault - 1
+		sent        = declared / 2
+		readTimeout = 3 * time.Second
+		// closedWithin is the read timeout and as long again for a loaded
+		// machine to act on it. It is short of idemhttp's body timeout
+		// (10s), which alone would close them without the read timeout.
+		closedWithin = 2 * readTimeout
+		giveUp       = 10 * readTimeout
+	)
+	app := e.serve("--read-timeout", readTimeout.String())
+	addr := strings.TrimPrefix(app.URL, "http://")
+	warm := e.checkout(app, "k-before", order) // pool connections and the like are made
+	require.Equal(t, http.StatusCreated, warm.status, warm.body)
+	before := memoryKiB(t, app.proc.Pid(), "VmHWM")
+
+	headers := "POST /v1/checkouts HTTP/1.1\r\nHost: checkout\r\nContent-Type: application/json\r\n" +
+		"Authorization: Bearer " + apiKeyOf("acme") + "\r\nIdempotency-Key: slow-%d\r\n" +
+		fmt.Sprintf("Content-Length: %d\r\n\r\n", declared)
+	half := bytes.Repeat([]byte(" "), sent)
+	type outcome struct {
+		status int
+		detail string
+		after  time.Duration // from dialling to the server closing the connection
+		err    error
+	}
+	outcomes := make([]outcome, conns)
+	var wg sync.WaitGroup
+	for i := range conns {
+		wg.Go(func() {
+			o := &outcomes[i]
+			start := time.Now()
+			conn, err := net.Dial("tcp", addr)
+			if err != nil {
+				o.err = err
+				return
+			}
+			defer conn.Close()
+			if _, err := fmt.Fprintf(conn, headers, i); err != nil {
+				o.err = err
+				return
+			}
+			if _, err := conn.Write(half); err != nil { // then nothing more
+				o.err = err
+				return
+			}
+			if o.err = conn.SetReadDeadline(start.Add(giveUp)); o.err != nil {
+				return
+			}
+			in := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(in, nil)
+			if err != nil {
+				o.err = err
+				return
+			}
+			o.status = resp.StatusCode
+			detail, err := io.ReadAll(resp.Body)
+			if err != nil {
+				o.err = err
+				return
+			}
+			o.detail = string(detail)
+			_, err = io.Copy(io.Discard, in) // until the server closes the connection
+			o.after = time.Since(start)
+			var netErr net.Error
+			if errors.As(err, &netErr) && netErr.Timeout() {
+				o.err = fmt.Errorf("the server kept the connection for %s", giveUp)
+			}
+		})
+	}
+	wg.Wait()
+	for i, o := range outcomes {
+		require.NoError(t, o.err, "connection %d", i)
+		require.Equal(t, http.StatusRequestTimeout, o.status, "connection %d", i)
+		require.Contains(t, o.detail, "read timeout", "connection %d: the server's read timeout cut it off, not idemhttp's body timeout", i)
+		require.LessOrEqual(t, o.after, closedWithin, "connection %d was closed %s after it was opened", i, o.after)
+	}
+
+	// The server holds what the connections sent, in the chunks it reads
+	// them into, and a connection's own buffers and goroutine. The bound
+	// allows a quarter more than what was sent, and 64 KiB a connection;
+	// reading the whole declared body, or a second copy of what came,
+	// exceeds it (conns × declared would be 150 MiB).
+	const boundKiB = (conns*sent + conns*sent/4 + conns*64<<10) >> 10
+	peak := memoryKiB(t, app.proc.Pid(), "VmHWM")
+	t.Logf("checkout serve's peak memory: %d KiB before, %d KiB after; bound: %d KiB more", before, peak, boundKiB)
+	require.LessOrEqual(t, peak-before, int64(boundKiB),
+		"checkout serve's peak memory went from %d KiB to %d KiB with %d connections each sending %d bytes", before, peak, conns, sent)
+
+	require.Equal(t, 1, e.count(`SELECT count(*) FROM onceflow_keys`), "no slow request ran a checkout")
+	after := e.checkout(app, "k-after", order)
+	require.Equal(t, http.StatusCreated, after.status, after.body)
+	require.Len(t, e.charges(), 2)
+}
+
+// memoryKiB reads a field of /proc/PID/status given in kB (VmRSS, VmHWM).
+func memoryKiB(t *testing.T, pid int, field string) int64 {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	require.NoError(t, err)
+	for line := range strings.Lines(string(status)) {
+		if value, found := strings.CutPrefix(line, field+":"); found {
+			kib, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 10, 64)
+			require.NoError(t, err, "%s: %q", field, line)
+			return kib
+		}
+	}
+	require.FailNow(t, "no "+field+" in /proc/PID/status")
+	return 0
+}
+
+// TestOrderIDTheDatabaseCannotHoldIs404: an order id that is not valid
+// UTF-8 or holds a NUL, which no order can have, is 404 like any other
+// unknown id; it made the database refuse the query, which was answered 503
+// ("could not be read") and logged as an error, at a client's will.
+func TestOrderIDTheDatabaseCannotHoldIs404(t *testing.T) {
+	e := newEnv(t)
+	app := e.serve()
+	for _, id := range []string{"%ff", "ord_%00", "ord_%c3%28"} {
+		read, err := http.NewRequest(http.MethodGet, app.URL+"/v1/orders/"+id, nil)
+		require.NoError(t, err)
+		authorize(read, "acme")
+		res := e.send(read)
+		requireProblem(t, res, http.StatusNotFound)
+		require.Contains(t, res.body, "no such order", id)
+	}
+	require.NotContains(t, app.Stderr(), "read order", "nothing to log")
 }
