@@ -71,13 +71,20 @@ func Main(m *testing.M) {
 //	var binary string
 //	func TestMain(m *testing.M) { dbtest.MainWithCommand(m, "onceflow", &binary) }
 func MainWithCommand(m *testing.M, name string, path *string) {
+	MainWithBuild(m, ".", name, path)
+}
+
+// MainWithBuild is MainWithCommand for the command in package directory
+// pkg (relative to the test's package directory), for tests that run
+// another package's command.
+func MainWithBuild(m *testing.M, pkg, name string, path *string) {
 	dir, err := os.MkdirTemp("", name+"-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dbtest:", err)
 		os.Exit(1)
 	}
 	*path = filepath.Join(dir, name)
-	build := exec.Command("go", "build", "-o", *path, ".")
+	build := exec.Command("go", "build", "-o", *path, pkg)
 	build.Stderr = os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintf(os.Stderr, "dbtest: build %s: %v\n", name, err)
