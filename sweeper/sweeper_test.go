@@ -196,7 +196,7 @@ func TestPrunerGivesUpOnPersistentTimeouts(t *testing.T) {
 	seed(t, b.db, 50, "completed", "2 days")
 	locker, err := b.db.Begin(b.ctx)
 	require.NoError(t, err)
-	defer locker.Rollback(b.ctx)
+	defer func() { _ = locker.Rollback(b.ctx) }()
 	_, err = locker.Exec(b.ctx, `LOCK TABLE onceflow_keys IN ACCESS EXCLUSIVE MODE`)
 	require.NoError(t, err)
 
