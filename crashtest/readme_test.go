@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/crashtest"
 	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/testapp"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -56,29 +56,20 @@ var Checkout = workflow.Define("checkout",
 // replaces it with a new fake.
 var payments *fakePayments
 
-// fakePayments deduplicates charges by idempotency key and counts them.
-type fakePayments struct {
-	mu      sync.Mutex
-	charges map[string]string // key -> charge id
-}
+// fakePayments is the README's payment client, on the shared test
+// provider.
+type fakePayments struct{ *testapp.Provider }
 
 type charge struct{ ID string }
 
-func newFakePayments() *fakePayments { return &fakePayments{charges: map[string]string{}} }
+func newFakePayments(t *testing.T) *fakePayments { return &fakePayments{testapp.NewProvider(t)} }
 
-func (p *fakePayments) Charge(_ context.Context, key string, _ int64) (*charge, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, ok := p.charges[key]; !ok {
-		p.charges[key] = fmt.Sprintf("ch_%d", len(p.charges)+1)
+func (p *fakePayments) Charge(ctx context.Context, key string, _ int64) (*charge, error) {
+	id, err := testapp.Call(ctx, p.URL, "charges", key)
+	if err != nil {
+		return nil, err
 	}
-	return &charge{ID: p.charges[key]}, nil
-}
-
-func (p *fakePayments) count() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.charges)
+	return &charge{ID: id}, nil
 }
 
 const ordersTable = `CREATE TABLE orders (id bigserial PRIMARY KEY, customer text NOT NULL,
@@ -94,7 +85,7 @@ func oneChargePerOrder(ctx context.Context, db *pgxpool.Pool, p *fakePayments) e
 	if orders != 1 || charged != 1 {
 		errs = append(errs, fmt.Errorf("%d orders, %d of them charged; want one, charged", orders, charged))
 	}
-	if n := p.count(); n != 1 {
+	if n := p.Effects("charges"); n != 1 {
 		errs = append(errs, fmt.Errorf("%d charges made for one order", n))
 	}
 	return errors.Join(errs...)
@@ -109,7 +100,7 @@ func TestReadmeCrashtestSnippet(t *testing.T) {
 			if _, err := db.Exec(ctx, ordersTable); err != nil {
 				return nil, err
 			}
-			payments = newFakePayments() // the service Checkout calls
+			payments = newFakePayments(t) // the service Checkout calls
 			return &crashtest.World[CheckoutRequest, CheckoutState]{DB: db, Workflow: Checkout, Close: db.Close,
 				Check: func(ctx context.Context) error { return oneChargePerOrder(ctx, db, payments) }}, nil
 		},
