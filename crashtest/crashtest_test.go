@@ -2,13 +2,8 @@ package crashtest_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
-	"strings"
-	"sync"
 	"testing"
 
 	"github.com/google/uuid"
@@ -19,6 +14,7 @@ import (
 	"github.com/onceflow/onceflow/crashtest"
 	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/internal/testapp"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -36,64 +32,11 @@ type State struct {
 	ChargeID      string `json:"charge_id,omitempty"`
 }
 
-// provider is a fake inventory and payment service over real HTTP. Each
-// endpoint deduplicates by Idempotency-Key and counts effects per key.
-type provider struct {
-	*httptest.Server
-	mu      sync.Mutex
-	effects map[string]map[string]string // endpoint -> key -> id
-}
-
-func newProvider(t *testing.T) *provider {
-	p := &provider{effects: map[string]map[string]string{"reservations": {}, "charges": {}}}
-	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		endpoint := strings.TrimPrefix(r.URL.Path, "/")
-		key := r.Header.Get(foreign.Header)
-		if key == "" || r.Method != http.MethodPost || p.effects[endpoint] == nil {
-			http.Error(w, "bad request", http.StatusBadRequest)
-			return
-		}
-		p.mu.Lock()
-		id, seen := p.effects[endpoint][key]
-		if !seen {
-			id = fmt.Sprintf("%s_%d", endpoint[:2], len(p.effects[endpoint])+1)
-			p.effects[endpoint][key] = id
-		}
-		p.mu.Unlock()
-		_ = json.NewEncoder(w).Encode(map[string]string{"id": id})
-	}))
-	t.Cleanup(p.Close)
-	return p
-}
-
-// call posts to endpoint with key and returns the id the service answers.
-func (p *provider) call(ctx context.Context, endpoint, key string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.URL+"/"+endpoint, nil)
-	if err != nil {
-		return "", err
-	}
-	foreign.SetHeader(req, key)
-	resp, err := p.Client().Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	var out struct{ ID string }
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return "", err
-	}
-	return out.ID, nil
-}
-
-func (p *provider) count(endpoint string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.effects[endpoint])
-}
-
-// checkout has three atomic phases and two foreign mutations. keyFor picks
-// the key the charge sends: a correct workflow sends the derived key.
-func checkout(p *provider, chargeKey func(c *foreign.Call[Order, State]) string) *workflow.Workflow[Order, State] {
+// checkout has three atomic phases and two foreign mutations, calling the
+// shared test provider: a shape with more crash points than the shared
+// test checkout's. chargeKey picks the key the charge sends: a correct
+// workflow sends the derived key.
+func checkout(p *testapp.Provider, chargeKey func(c *foreign.Call[Order, State]) string) *workflow.Workflow[Order, State] {
 	return workflow.Define("checkout",
 		phase.Atomic("create_order", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
 			return tx.QueryRow(ctx, `INSERT INTO orders (id, sku, amount)
@@ -101,7 +44,7 @@ func checkout(p *provider, chargeKey func(c *foreign.Call[Order, State]) string)
 				r.Request.SKU, r.Request.Amount).Scan(&r.State.OrderID)
 		}),
 		foreign.Mutation("reserve_stock", func(ctx context.Context, c *foreign.Call[Order, State]) error {
-			id, err := p.call(ctx, "reservations", c.Key)
+			id, err := testapp.Call(ctx, p.URL, "reservations", c.Key)
 			c.State.ReservationID = id
 			return err
 		}),
@@ -111,7 +54,7 @@ func checkout(p *provider, chargeKey func(c *foreign.Call[Order, State]) string)
 			return err
 		}),
 		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Order, State]) error {
-			id, err := p.call(ctx, "charges", chargeKey(c))
+			id, err := testapp.Call(ctx, p.URL, "charges", chargeKey(c))
 			c.State.ChargeID = id
 			return err
 		}),
@@ -136,7 +79,7 @@ func newWorld(t *testing.T, chargeKey func(c *foreign.Call[Order, State]) string
 			CREATE TABLE payments (order_id bigint NOT NULL, charge_id text NOT NULL)`); err != nil {
 			return nil, err
 		}
-		p := newProvider(t)
+		p := testapp.NewProvider(t)
 		return &crashtest.World[Order, State]{
 			DB:       db,
 			Workflow: checkout(p, chargeKey),
@@ -145,7 +88,7 @@ func newWorld(t *testing.T, chargeKey func(c *foreign.Call[Order, State]) string
 	}
 }
 
-func exactlyOnce(ctx context.Context, db *pgxpool.Pool, p *provider) error {
+func exactlyOnce(ctx context.Context, db *pgxpool.Pool, p *testapp.Provider) error {
 	var orders, reservations, payments int
 	if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM reservations),
 		(SELECT count(*) FROM payments)`).Scan(&orders, &reservations, &payments); err != nil {
@@ -156,10 +99,10 @@ func exactlyOnce(ctx context.Context, db *pgxpool.Pool, p *provider) error {
 		errs = append(errs, fmt.Errorf("rows: %d orders, %d reservations, %d payments; want exactly one each",
 			orders, reservations, payments))
 	}
-	if n := p.count("reservations"); n != 1 {
+	if n := p.Effects("reservations"); n != 1 {
 		errs = append(errs, fmt.Errorf("%d stock reservations made for one order", n))
 	}
-	if n := p.count("charges"); n != 1 {
+	if n := p.Effects("charges"); n != 1 {
 		errs = append(errs, fmt.Errorf("%d charges made for one order", n))
 	}
 	return errors.Join(errs...)

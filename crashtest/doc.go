@@ -18,15 +18,20 @@
 //	func TestCheckoutSurvivesCrashes(t *testing.T) {
 //		crashtest.Run(t, crashtest.Case[Order, State]{
 //			NewWorld: func(ctx context.Context) (*crashtest.World[Order, State], error) {
-//				db := freshMigratedDatabase(t)
+//				db := crashtest.FreshDatabase(t, "") // on $ONCEFLOW_DATABASE_URL's server
 //				provider := newFakeProvider(t)
 //				return &crashtest.World[Order, State]{
 //					DB:       db,
 //					Workflow: checkout(provider),
 //					Check:    func(ctx context.Context) error { return exactlyOnce(ctx, db, provider) },
+//					Close:    db.Close,
 //				}, nil
 //			},
 //			Request: Order{Amount: 1999},
 //		})
 //	}
+//
+// FreshDatabase (or Databases, outside a test) gives each world a database
+// of its own, migrated with package migrations and dropped at the end, on a
+// server whose user may CREATE DATABASE.
 package crashtest

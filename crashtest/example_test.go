@@ -3,11 +3,9 @@ package crashtest_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/crashtest"
 	"github.com/onceflow/onceflow/foreign"
@@ -41,19 +39,23 @@ func (b *bank) pay(key string) string {
 }
 
 // Prove that a payout workflow pays once whatever point its process dies
-// at. Each world empties the example's tables and starts a new fake bank;
-// a test would rather give each world a database of its own.
+// at. Each world gets a migrated database of its own on the server named
+// by ONCEFLOW_DATABASE_URL (a test would call crashtest.FreshDatabase) and
+// a new fake bank.
 func ExampleExplore() {
 	ctx := context.Background()
-	db, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated with package migrations
+	databases, err := crashtest.NewDatabases("") // "": the server in ONCEFLOW_DATABASE_URL
 	if err != nil {
 		panic(err)
 	}
-	defer db.Close()
+	defer databases.Close() // drops every database it made
 
 	newWorld := func(ctx context.Context) (*crashtest.World[Transfer, Sent], error) {
-		if _, err := db.Exec(ctx, `CREATE TABLE IF NOT EXISTS example_payouts (payout_id text);
-			TRUNCATE example_payouts, onceflow_keys`); err != nil {
+		db, err := databases.New(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := db.Exec(ctx, `CREATE TABLE example_payouts (payout_id text)`); err != nil {
 			return nil, err
 		}
 		b := &bank{payouts: map[string]string{}}
@@ -77,7 +79,7 @@ func ExampleExplore() {
 			}
 			return nil
 		}
-		return &crashtest.World[Transfer, Sent]{DB: db, Workflow: payout, Check: check}, nil
+		return &crashtest.World[Transfer, Sent]{DB: db, Workflow: payout, Check: check, Close: db.Close}, nil
 	}
 
 	report, err := crashtest.Explore(ctx, crashtest.Case[Transfer, Sent]{NewWorld: newWorld, Request: Transfer{Amount: 500}})

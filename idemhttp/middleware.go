@@ -131,7 +131,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery
 	defer cancelCleanup()
 	resp := out.response()
 	if outcome != returned || out.over || !m.stores(resp.Status) {
-		t.end(cleanupCtx, nil)
+		_ = t.end(cleanupCtx, nil) // rolls back; the claim is forgotten next
 		m.forget(cleanupCtx, rec)
 		m.answerUnstored(w, r, out, outcome)
 		return

@@ -374,7 +374,10 @@ func TestAbortedHandlerReleasesEverything(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodPost, s.url+"/v1/charges", strings.NewReader(`{}`))
 		req.Header.Set("Idempotency-Key", "k1")
 		req.Header.Set("X-Tenant-ID", "acme")
-		_, err := http.DefaultClient.Do(req)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
 		require.Error(t, err, "the connection was dropped")
 	}
 	require.Zero(t, s.db.Stat().AcquiredConns(), "no database connection left behind")
@@ -421,7 +424,11 @@ func TestClientGoneAfterTheHandler(t *testing.T) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", "k1")
 	req.Header.Set("X-Tenant-ID", "acme")
-	go func() { _, _ = http.DefaultClient.Do(req) }()
+	go func() {
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
 	require.Eventually(t, func() bool { return s.runs.Load() == 1 }, 5*time.Second, time.Millisecond)
 	cancel()
 	<-release

@@ -2,22 +2,17 @@ package sweeper_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/internal/dbtest"
-	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/internal/testapp"
 	"github.com/onceflow/onceflow/workflow"
 )
 
@@ -28,80 +23,23 @@ func TestMain(m *testing.M) {
 	dbtest.Main(m)
 }
 
-type Order struct {
-	Amount int64 `json:"amount"`
-}
+// Order and State are the shared test checkout's.
+type (
+	Order = testapp.Order
+	State = testapp.State
+)
 
-type State struct {
-	OrderID  int64  `json:"order_id"`
-	ChargeID string `json:"charge_id,omitempty"`
-}
-
-// checkout writes an order, charges it through the provider at
-// providerURL, and records the charge.
+// checkout is the shared test checkout, charging through the provider at
+// providerURL.
 func checkout(providerURL string) *workflow.Workflow[Order, State] {
-	return workflow.Define("checkout",
-		phase.Atomic("create_order", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
-			return tx.QueryRow(ctx, `INSERT INTO orders (tenant, key, amount) VALUES ($1, $2, $3) RETURNING id`,
-				r.Key.Tenant, r.Key.ID, r.Request.Amount).Scan(&r.State.OrderID)
-		}),
-		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Order, State]) error {
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, providerURL+"/charges", nil)
-			if err != nil {
-				return err
-			}
-			foreign.SetHeader(req, c.Key)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			return json.NewDecoder(resp.Body).Decode(&struct {
-				ID *string `json:"id"`
-			}{&c.State.ChargeID})
-		}),
-		phase.Atomic("record_charge", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
-			_, err := tx.Exec(ctx, `UPDATE orders SET charge_id = $2 WHERE id = $1`, r.State.OrderID, r.State.ChargeID)
-			return err
-		}),
-	).Finish(func(s *State) workflow.Response { return workflow.JSON(201, s) })
-}
-
-// provider is a payment service over HTTP that deduplicates by key and
-// counts calls per key.
-type provider struct {
-	*httptest.Server
-	mu    sync.Mutex
-	calls map[string]int
-}
-
-func newProvider(t *testing.T) *provider {
-	p := &provider{calls: map[string]int{}}
-	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get(foreign.Header)
-		p.mu.Lock()
-		p.calls[key]++
-		p.mu.Unlock()
-		_ = json.NewEncoder(w).Encode(map[string]string{"id": "ch_" + key[len(key)-8:]})
-	}))
-	t.Cleanup(p.Close)
-	return p
-}
-
-func (p *provider) effects() (keys int, maxCalls int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, n := range p.calls {
-		maxCalls = max(maxCalls, n)
-	}
-	return len(p.calls), maxCalls
+	return testapp.Checkout(providerURL, testapp.Options{})
 }
 
 type bundle struct {
 	ctx      context.Context
 	url      string
 	db       *pgxpool.Pool
-	provider *provider
+	provider *testapp.Provider
 	checkout *workflow.Workflow[Order, State]
 }
 
@@ -109,9 +47,10 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	t.Parallel()
 	url := dbtest.NewDatabase(t, dbtest.Options{})
-	b := &bundle{ctx: context.Background(), url: url, db: dbtest.Connect(t, url, 16), provider: newProvider(t)}
-	_, err := b.db.Exec(b.ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, tenant text NOT NULL, key text NOT NULL,
-		amount bigint NOT NULL, charge_id text, UNIQUE (tenant, key))`)
+	b := &bundle{ctx: context.Background(), url: url, db: dbtest.Connect(t, url, 16), provider: testapp.NewProvider(t)}
+	// One order per key, as well: a step run twice fails instead of
+	// going unnoticed.
+	_, err := b.db.Exec(b.ctx, testapp.Schema+`; CREATE UNIQUE INDEX ON orders (tenant, key)`)
 	require.NoError(t, err)
 	b.checkout = checkout(b.provider.URL)
 	return b

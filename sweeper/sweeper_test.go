@@ -75,7 +75,7 @@ func TestCompleterFinishesWorkOfADeadProcess(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.Replayed, "the client's late retry gets the completer's response")
 	require.Equal(t, rec.Response.Body, res.Response.Body)
-	keys, maxCalls := b.provider.effects()
+	keys, maxCalls := b.provider.Effects("charges"), b.provider.MaxCalls("charges")
 	require.Equal(t, 1, keys)
 	require.Equal(t, 2, maxCalls, "the charge was sent again after the crash, with the same key")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM orders WHERE charge_id IS NOT NULL`))
@@ -105,7 +105,7 @@ func TestTwoSweepersCompleteEachRecordOnce(t *testing.T) {
 	require.Equal(t, records, total, "each record was completed by exactly one sweeper")
 	require.Equal(t, records, b.count(t, `SELECT count(*) FROM onceflow_keys WHERE status = 'completed'`))
 	require.Equal(t, records, b.count(t, `SELECT count(*) FROM orders WHERE charge_id IS NOT NULL`))
-	keys, maxCalls := b.provider.effects()
+	keys, maxCalls := b.provider.Effects("charges"), b.provider.MaxCalls("charges")
 	require.Equal(t, records, keys, "one downstream key per record")
 	require.LessOrEqual(t, maxCalls, 2, "a charge is sent once before the crash and once on resume, at most")
 }
@@ -196,7 +196,7 @@ func TestPrunerGivesUpOnPersistentTimeouts(t *testing.T) {
 	seed(t, b.db, 50, "completed", "2 days")
 	locker, err := b.db.Begin(b.ctx)
 	require.NoError(t, err)
-	defer locker.Rollback(b.ctx)
+	defer func() { _ = locker.Rollback(b.ctx) }()
 	_, err = locker.Exec(b.ctx, `LOCK TABLE onceflow_keys IN ACCESS EXCLUSIVE MODE`)
 	require.NoError(t, err)
 

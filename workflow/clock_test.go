@@ -182,7 +182,7 @@ func TestSkewedClockTakesOverAnExpiredLease(t *testing.T) {
 			require.Equal(t, 201, res.Response.Status)
 			require.Equal(t, 1, leaseChecked)
 			require.Equal(t, 1, w.orders())
-			require.Equal(t, 1, w.provider.Effects())
+			require.Equal(t, 1, w.provider.Effects("charges"))
 
 			// A failure releases the lease: no expiry to wait for.
 			other := workflow.Key{Tenant: "acme", ID: "order-2"}
@@ -223,7 +223,7 @@ func TestSkewedClockReplaysFinishedRecords(t *testing.T) {
 				require.Equal(t, first.Response, res.Response)
 			}
 			require.Equal(t, 1, w.orders())
-			require.Equal(t, 1, w.provider.Effects())
+			require.Equal(t, 1, w.provider.Effects("charges"))
 		})
 	}
 }

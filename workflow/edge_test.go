@@ -27,9 +27,10 @@ import (
 func TestRejectAfterAForeignCallIsStored(t *testing.T) {
 	w := newWorld(t)
 	wf := workflow.Define("charge_then_check",
-		foreign.Mutation("charge", func(_ context.Context, c *foreign.Call[Order, Paid]) error {
-			c.State.ChargeID = w.provider.Charge(c.Key)
-			return nil
+		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Order, Paid]) error {
+			id, err := w.charge(ctx, c.Key)
+			c.State.ChargeID = id
+			return err
 		}),
 		atomicStep("check", func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error {
 			return workflow.Reject(workflow.Problem(422, "too late"))
@@ -43,7 +44,7 @@ func TestRejectAfterAForeignCallIsStored(t *testing.T) {
 	again, err := e.Run(w.ctx, acme, wf, order)
 	require.NoError(t, err)
 	require.True(t, again.Replayed)
-	require.Equal(t, 1, w.provider.Effects())
+	require.Equal(t, 1, w.provider.Effects("charges"))
 }
 
 // TestFirstAnswerIsTheReplayedAnswer: the caller that ran the workflow gets

@@ -18,12 +18,13 @@ import (
 // derived key at the provider; each step first asks its knob.
 func chargeThenRecord(w *world, charge, record func(attempt int) error) *workflow.Workflow[Order, Paid] {
 	return workflow.Define("charge_then_record",
-		foreign.Mutation("charge", func(_ context.Context, c *foreign.Call[Order, Paid]) error {
+		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Order, Paid]) error {
 			if err := charge(c.Attempt); err != nil {
 				return err
 			}
-			c.State.ChargeID = w.provider.Charge(c.Key)
-			return nil
+			id, err := w.charge(ctx, c.Key)
+			c.State.ChargeID = id
+			return err
 		}),
 		atomicStep("record", func(_ context.Context, _ pgx.Tx, r *phase.Run[Order, Paid]) error {
 			return record(r.Attempt)
@@ -58,7 +59,7 @@ func TestRejectAfterTakeoverIsStored(t *testing.T) {
 	e := w.engine(workflow.Config{})
 	_, err := e.Run(w.ctx, acme, wf, order)
 	require.ErrorContains(t, err, "database hiccup")
-	require.Equal(t, 1, w.provider.Effects())
+	require.Equal(t, 1, w.provider.Effects("charges"))
 
 	res, err := e.Run(w.ctx, acme, wf, order)
 	require.NoError(t, err)
@@ -69,7 +70,7 @@ func TestRejectAfterTakeoverIsStored(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, again.Replayed)
 	require.Equal(t, 409, again.Response.Status)
-	require.Equal(t, 1, w.provider.Effects(), "one charge")
+	require.Equal(t, 1, w.provider.Effects("charges"), "one charge")
 }
 
 // TestRejectOfATakenOverKeyIsNotAnswered: attempt 1 stalls in its charge
@@ -110,7 +111,7 @@ func TestRejectOfATakenOverKeyIsNotAnswered(t *testing.T) {
 	rec, err := e.Store().Load(w.ctx, acme)
 	require.NoError(t, err)
 	require.Equal(t, recovery.StatusCompleted, rec.Status)
-	require.Equal(t, 1, w.provider.Effects())
+	require.Equal(t, 1, w.provider.Effects("charges"))
 }
 
 // TestRejectOfATakeoverBeforeAnyForeignStepLeavesNoRecord: when the

@@ -52,9 +52,10 @@ func TestTakeoverResumesFromRecoveryPoint(t *testing.T) {
 	require.Equal(t, "create_order", res.ResumedFrom)
 	require.Equal(t, 201, res.Response.Status)
 	require.Equal(t, 1, w.orders())
-	require.Equal(t, 1, w.provider.Effects())
-	require.Len(t, w.provider.keys, 2, "the charge was sent twice…")
-	require.Equal(t, w.provider.keys[0], w.provider.keys[1], "…with the same derived key")
+	require.Equal(t, 1, w.provider.Effects("charges"))
+	keys := w.provider.Keys("charges")
+	require.Len(t, keys, 2, "the charge was sent twice…")
+	require.Equal(t, keys[0], keys[1], "…with the same derived key")
 
 	rec, err = e.Store().Load(w.ctx, acme)
 	require.NoError(t, err)
@@ -89,7 +90,7 @@ func TestResumeWithoutClient(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, again.Replayed)
 	require.Equal(t, 1, w.orders())
-	require.Equal(t, 1, w.provider.Effects())
+	require.Equal(t, 1, w.provider.Effects("charges"))
 }
 
 func TestResumeErrors(t *testing.T) {

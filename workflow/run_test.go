@@ -33,7 +33,7 @@ func TestRunCompletesAndReplays(t *testing.T) {
 	require.Equal(t, res.Response, again.Response, "the replay is the original response, verbatim")
 	require.Equal(t, 1, w.orders())
 	require.Equal(t, 1, w.ledger())
-	require.Equal(t, 1, w.provider.Effects())
+	require.Equal(t, 1, w.provider.Effects("charges"))
 
 	rec, err := e.Store().Load(w.ctx, acme)
 	require.NoError(t, err)
@@ -76,7 +76,7 @@ func TestRunMismatchAndInFlight(t *testing.T) {
 	require.NoError(t, <-done)
 	_, err = e.Run(w.ctx, acme, wf, other)
 	require.ErrorIs(t, err, workflow.ErrMismatch, "a finished key with another request is still a mismatch")
-	require.Equal(t, 1, w.provider.Effects())
+	require.Equal(t, 1, w.provider.Effects("charges"))
 }
 
 // TestRespondIsStoredAndReplayed: a business outcome (a declined card)
@@ -206,8 +206,8 @@ func TestErrorReleasesAndRetryResumes(t *testing.T) {
 	require.Equal(t, 201, res.Response.Status)
 	require.Equal(t, 1, w.orders(), "create_order did not run again")
 	require.Equal(t, 1, w.ledger())
-	require.Equal(t, 1, w.provider.Effects(), "the charge ran twice with one key: one effect")
-	require.Equal(t, 2, w.provider.calls[w.provider.keys[0]])
+	require.Equal(t, 1, w.provider.Effects("charges"), "the charge ran twice with one key: one effect")
+	require.Equal(t, 2, w.provider.MaxCalls("charges"))
 }
 
 // TestErrorInFirstPhaseKeepsAResumableRecord: the claim folded into the
@@ -345,7 +345,7 @@ func TestConcurrentRunsExecuteOnce(t *testing.T) {
 	require.Equal(t, 32, fresh+replays+other["in flight"], "unexpected outcomes: %v", other)
 	require.Len(t, bodies, 1, "every answer is the same response")
 	require.Equal(t, 1, w.orders())
-	require.Equal(t, 1, w.provider.Effects())
+	require.Equal(t, 1, w.provider.Effects("charges"))
 }
 
 func TestInvalidInputWritesNothing(t *testing.T) {
@@ -397,7 +397,7 @@ func TestRunByAnotherPrincipalIsForbidden(t *testing.T) {
 		}
 	}
 	others("released")
-	require.Zero(t, w.provider.Effects(), "no other principal resumed the record")
+	require.Zero(t, w.provider.Effects("charges"), "no other principal resumed the record")
 
 	res, err := e.Run(w.ctx, acme, wf, order, workflow.AsPrincipal("alice"))
 	require.NoError(t, err)
@@ -406,5 +406,5 @@ func TestRunByAnotherPrincipalIsForbidden(t *testing.T) {
 	again, err := e.Run(w.ctx, acme, wf, order, workflow.AsPrincipal("alice"))
 	require.NoError(t, err)
 	require.True(t, again.Replayed)
-	require.Equal(t, 1, w.provider.Effects())
+	require.Equal(t, 1, w.provider.Effects("charges"))
 }

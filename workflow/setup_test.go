@@ -2,8 +2,6 @@ package workflow_test
 
 import (
 	"context"
-	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,58 +12,18 @@ import (
 	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/internal/pgtrace"
+	"github.com/onceflow/onceflow/internal/testapp"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/workflow"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
 
-// Order is the checkout request the tests run.
-type Order struct {
-	Customer string `json:"customer"`
-	Amount   int64  `json:"amount"`
-	Card     string `json:"card"`
-}
-
-// Paid is the checkout's state.
-type Paid struct {
-	OrderID  int64  `json:"order_id"`
-	ChargeID string `json:"charge_id,omitempty"`
-	Declined bool   `json:"declined,omitempty"`
-	Status   string `json:"status,omitempty"`
-}
-
-// provider is a fake payment provider that deduplicates by idempotency key
-// and counts its effects.
-type provider struct {
-	mu      sync.Mutex
-	charges map[string]string // key -> charge id
-	calls   map[string]int    // key -> calls
-	keys    []string          // keys in call order
-}
-
-func newProvider() *provider {
-	return &provider{charges: map[string]string{}, calls: map[string]int{}}
-}
-
-func (p *provider) Charge(key string) string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.calls[key]++
-	p.keys = append(p.keys, key)
-	if id, ok := p.charges[key]; ok {
-		return id
-	}
-	id := fmt.Sprintf("ch_%d", len(p.charges)+1)
-	p.charges[key] = id
-	return id
-}
-
-func (p *provider) Effects() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.charges)
-}
+// Order and Paid are the shared test checkout's request and state.
+type (
+	Order = testapp.Order
+	Paid  = testapp.State
+)
 
 // world is one test's database, provider and knobs.
 type world struct {
@@ -73,7 +31,7 @@ type world struct {
 	ctx      context.Context
 	db       *pgxpool.Pool
 	counter  *pgtrace.Counter
-	provider *provider
+	provider *testapp.Provider
 
 	// before runs at the start of every step with the step's name; a test
 	// uses it to fail, block or panic at a step. Set it before running.
@@ -105,12 +63,9 @@ func newWorldOn(t *testing.T, url string) *world {
 	db, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(db.Close)
-	_, err = db.Exec(ctx, `
-		CREATE TABLE orders (id bigserial PRIMARY KEY, customer text NOT NULL, amount bigint NOT NULL,
-			status text NOT NULL, charge_id text);
-		CREATE TABLE ledger (id bigserial PRIMARY KEY, order_id bigint NOT NULL, entry text NOT NULL)`)
+	_, err = db.Exec(ctx, testapp.Schema)
 	require.NoError(t, err)
-	return &world{t: t, ctx: ctx, db: db, counter: counter, provider: newProvider()}
+	return &world{t: t, ctx: ctx, db: db, counter: counter, provider: testapp.NewProvider(t)}
 }
 
 func (w *world) step(ctx context.Context, name string) error {
@@ -120,48 +75,17 @@ func (w *world) step(ctx context.Context, name string) error {
 	return w.before(ctx, name)
 }
 
-// checkout declares create_order (atomic) → charge (foreign) →
-// record_charge (atomic). A card "decline" is declined: record_charge marks
-// the order declined and responds 402.
+// checkout is the shared test checkout, whose steps first call w.before:
+// create_order (atomic) → charge (foreign) → record_charge (atomic). A
+// card "decline" is declined: record_charge marks the order declined and
+// responds 402.
 func (w *world) checkout() *workflow.Workflow[Order, Paid] {
-	return workflow.Define("checkout",
-		phase.Atomic("create_order", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, Paid]) error {
-			if err := w.step(ctx, r.Step); err != nil {
-				return err
-			}
-			return tx.QueryRow(ctx, `INSERT INTO orders (customer, amount, status) VALUES ($1, $2, 'new') RETURNING id`,
-				r.Request.Customer, r.Request.Amount).Scan(&r.State.OrderID)
-		}),
-		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Order, Paid]) error {
-			if err := w.step(ctx, c.Step); err != nil {
-				return err
-			}
-			if c.Request.Card == "decline" {
-				c.State.Declined = true
-				return nil
-			}
-			c.State.ChargeID = w.provider.Charge(c.Key)
-			return nil
-		}),
-		phase.Atomic("record_charge", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, Paid]) error {
-			if err := w.step(ctx, r.Step); err != nil {
-				return err
-			}
-			if r.State.Declined {
-				if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'declined' WHERE id = $1`, r.State.OrderID); err != nil {
-					return err
-				}
-				return workflow.Respond(workflow.Problem(402, "card declined"))
-			}
-			r.State.Status = "paid"
-			if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid', charge_id = $2 WHERE id = $1`,
-				r.State.OrderID, r.State.ChargeID); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO ledger (order_id, entry) VALUES ($1, 'charged')`, r.State.OrderID)
-			return err
-		}),
-	).Finish(func(s *Paid) workflow.Response { return workflow.JSON(201, s) })
+	return testapp.Checkout(w.provider.URL, testapp.Options{Before: w.step})
+}
+
+// charge charges at the provider with key and returns the charge's id.
+func (w *world) charge(ctx context.Context, key string) (string, error) {
+	return testapp.Call(ctx, w.provider.URL, "charges", key)
 }
 
 func (w *world) engine(cfg workflow.Config) *workflow.Engine {

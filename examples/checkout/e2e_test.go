@@ -279,8 +279,7 @@ func TestCrashAfterEachStep(t *testing.T) {
 		t.Run(step, func(t *testing.T) {
 			e := newEnv(t)
 			crashing := e.serve("--crash-after", step, "--lease", "1s")
-			_, err := http.DefaultClient.Do(mustRequest(t, crashing.URL, "k-1"))
-			require.Error(t, err, "the server died before answering")
+			requireNoAnswer(t, mustRequest(t, crashing.URL, "k-1"))
 			require.Equal(t, crashExitCode, crashing.Wait())
 
 			app := e.serve("--lease", "1s")
@@ -314,11 +313,20 @@ func mustRequest(t *testing.T, base, key string) *http.Request {
 // TestSweeperFinishesAbandonedCheckout: the server dies after the charge
 // and the client never retries; the restarted server's sweeper finishes the
 // checkout, and a late retry gets the replay.
+// requireNoAnswer sends req to a server that must die before answering.
+func requireNoAnswer(t *testing.T, req *http.Request) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	require.Error(t, err, "the server died before answering")
+}
+
 func TestSweeperFinishesAbandonedCheckout(t *testing.T) {
 	e := newEnv(t)
 	crashing := e.serve("--crash-after", "charge", "--lease", "1s")
-	_, err := http.DefaultClient.Do(mustRequest(t, crashing.URL, "k-1"))
-	require.Error(t, err)
+	requireNoAnswer(t, mustRequest(t, crashing.URL, "k-1"))
 	require.Equal(t, crashExitCode, crashing.Wait())
 
 	app := e.serve("--lease", "1s", "--sweep-every", "1s")
@@ -399,8 +407,7 @@ func TestProviderContract(t *testing.T) {
 func TestInFlightIsConflict(t *testing.T) {
 	e := newEnv(t)
 	crashing := e.serve("--crash-after", "charge", "--lease", "30s")
-	_, err := http.DefaultClient.Do(mustRequest(t, crashing.URL, "k-1"))
-	require.Error(t, err)
+	requireNoAnswer(t, mustRequest(t, crashing.URL, "k-1"))
 	require.Equal(t, crashExitCode, crashing.Wait())
 	app := e.serve()
 	res := e.checkout(app, "k-1", order)

@@ -6,9 +6,10 @@
 // pgcluster. It migrates a template database once; NewDatabase copies it for
 // each test, so tests and packages run in parallel without seeing each
 // other's rows. Runnable examples find a migrated database of their own in
-// DATABASE_URL, as a user's program would. Tests never skip for want of a
-// database: without a server, Main fails the run with a message saying how
-// to get one.
+// DATABASE_URL, as a user's program would, and the server itself in
+// ONCEFLOW_DATABASE_URL, where crashtest.FreshDatabase makes databases.
+// Tests never skip for want of a database: without a server, Main fails the
+// run with a message saying how to get one.
 //
 // With ONCEFLOW_TEST_PGBOUNCER=1, Main also starts a PgBouncer in
 // transaction pooling mode (see package pgbouncer) and every URL it hands
@@ -24,24 +25,20 @@ package dbtest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/internal/pgadmin"
 	"github.com/onceflow/onceflow/internal/pgbouncer"
 	"github.com/onceflow/onceflow/internal/pgcluster"
-	"github.com/onceflow/onceflow/migrations"
 )
 
 // PgBouncerEnv names the environment variable that routes the tests
@@ -74,13 +71,20 @@ func Main(m *testing.M) {
 //	var binary string
 //	func TestMain(m *testing.M) { dbtest.MainWithCommand(m, "onceflow", &binary) }
 func MainWithCommand(m *testing.M, name string, path *string) {
+	MainWithBuild(m, ".", name, path)
+}
+
+// MainWithBuild is MainWithCommand for the command in package directory
+// pkg (relative to the test's package directory), for tests that run
+// another package's command.
+func MainWithBuild(m *testing.M, pkg, name string, path *string) {
 	dir, err := os.MkdirTemp("", name+"-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dbtest:", err)
 		os.Exit(1)
 	}
 	*path = filepath.Join(dir, name)
-	build := exec.Command("go", "build", "-o", *path, ".")
+	build := exec.Command("go", "build", "-o", *path, pkg)
 	build.Stderr = os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintf(os.Stderr, "dbtest: build %s: %v\n", name, err)
@@ -107,6 +111,9 @@ func run(m *testing.M) int {
 		defer cluster.Stop()
 		server.adminURL = cluster.URL()
 	}
+	// Tests and examples that make databases of their own, as a user's
+	// tests would (crashtest.FreshDatabase), find the server here.
+	os.Setenv("ONCEFLOW_DATABASE_URL", server.adminURL)
 	if err := checkCapacity(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "dbtest:", err)
 		return 1
@@ -130,7 +137,7 @@ func run(m *testing.M) int {
 
 	// Runnable examples connect the way a user's program would, through
 	// DATABASE_URL; give them a migrated database of their own.
-	example := uniqueName("onceflow_example")
+	example := pgadmin.UniqueName("onceflow_example")
 	if err := server.createDatabase(ctx, example, template); err != nil {
 		fmt.Fprintln(os.Stderr, "dbtest:", err)
 		return 1
@@ -167,7 +174,7 @@ func clientURL(name string) string {
 	if server.bouncer != nil {
 		return server.bouncer.URL(name)
 	}
-	return databaseURL(server.adminURL, name)
+	return pgadmin.DatabaseURL(server.adminURL, name)
 }
 
 // DirectURL returns a URL for the database that connString (a URL dbtest
@@ -184,7 +191,7 @@ func DirectURL(t testing.TB, connString string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return databaseURL(server.adminURL, cfg.Database)
+	return pgadmin.DatabaseURL(server.adminURL, cfg.Database)
 }
 
 // MinConnections is the max_connections a server must allow: tests race
@@ -196,7 +203,7 @@ const MinConnections = 200
 func checkCapacity(ctx context.Context) error {
 	conn, err := pgx.Connect(ctx, server.adminURL)
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", redact(server.adminURL), err)
+		return fmt.Errorf("connect to %s: %w", pgadmin.Redact(server.adminURL), err)
 	}
 	defer conn.Close(ctx)
 	var maxConns int
@@ -206,7 +213,7 @@ func checkCapacity(ctx context.Context) error {
 	if maxConns < MinConnections {
 		return fmt.Errorf("the server at %s allows %d connections; the tests need max_connections >= %d "+
 			"(or unset ONCEFLOW_DATABASE_URL and DATABASE_URL to use a throwaway cluster)",
-			redact(server.adminURL), maxConns, MinConnections)
+			pgadmin.Redact(server.adminURL), maxConns, MinConnections)
 	}
 	return nil
 }
@@ -214,31 +221,15 @@ func checkCapacity(ctx context.Context) error {
 // createTemplate makes a database with every migration applied, named
 // uniquely so that several test binaries can share one server.
 func (s *dbServer) createTemplate(ctx context.Context) (string, error) {
-	name := uniqueName("onceflow_template")
+	name := pgadmin.UniqueName("onceflow_template")
 	if err := s.createDatabase(ctx, name, ""); err != nil {
 		return "", err
 	}
-	if err := migrate(ctx, databaseURL(s.adminURL, name)); err != nil {
+	if err := pgadmin.Migrate(ctx, pgadmin.DatabaseURL(s.adminURL, name)); err != nil {
 		s.dropDatabase(ctx, name)
 		return "", err
 	}
 	return name, nil
-}
-
-func migrate(ctx context.Context, url string) error {
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return fmt.Errorf("connect to template: %w", err)
-	}
-	defer conn.Close(ctx)
-	m, err := migrations.New(conn, migrations.Config{})
-	if err != nil {
-		return err
-	}
-	if _, err := m.Up(ctx); err != nil {
-		return fmt.Errorf("migrate template: %w", err)
-	}
-	return nil
 }
 
 // Options shapes a test database.
@@ -271,7 +262,7 @@ func (s *dbServer) newDatabase(t testing.TB, opts Options) string {
 	if opts.Unmigrated {
 		template = ""
 	}
-	name := uniqueName("onceflow_test")
+	name := pgadmin.UniqueName("onceflow_test")
 	ctx := context.Background()
 	if err := s.createDatabase(ctx, name, template); err != nil {
 		t.Fatal(err)
@@ -314,63 +305,17 @@ func Connect(t testing.TB, url string, maxConns int32) *pgxpool.Pool {
 }
 
 func (s *dbServer) createDatabase(ctx context.Context, name, template string) error {
-	sql := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
-	if template != "" {
-		sql += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
-	}
-	return s.admin(ctx, sql)
+	return pgadmin.CreateDatabase(ctx, s.adminURL, name, template)
 }
 
 func (s *dbServer) dropDatabase(ctx context.Context, name string) {
-	_ = s.admin(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	_ = pgadmin.DropDatabase(ctx, s.adminURL, name)
 }
 
-// admin runs one statement on a short-lived connection to the admin database.
 func (s *dbServer) admin(ctx context.Context, sql string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, s.adminURL)
-	if err != nil {
-		return fmt.Errorf("dbtest: connect to %s: %w", redact(s.adminURL), err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		return fmt.Errorf("dbtest: %s: %w", sql, err)
-	}
-	return nil
-}
-
-// databaseURL returns base with its database replaced by name. It accepts
-// both URL and keyword/value connection strings.
-func databaseURL(base, name string) string {
-	if strings.HasPrefix(base, "postgres://") || strings.HasPrefix(base, "postgresql://") {
-		u, err := url.Parse(base)
-		if err == nil {
-			u.Path = "/" + name
-			return u.String()
-		}
-	}
-	// In keyword/value form the last dbname wins.
-	return base + " dbname=" + name
+	return pgadmin.Exec(ctx, s.adminURL, sql)
 }
 
 func quoteLiteral(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
-}
-
-func uniqueName(prefix string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return prefix + "_" + hex.EncodeToString(b)
-}
-
-func redact(connString string) string {
-	u, err := url.Parse(connString)
-	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return "the database server" // keyword/value form may hold a password anywhere
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
 }

@@ -33,15 +33,6 @@ func TestDatabasesAreMigratedAndIsolated(t *testing.T) {
 	require.False(t, exists)
 }
 
-func TestDatabaseURL(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, "postgres://u:p@h:5/other?sslmode=disable", databaseURL("postgres://u:p@h:5/postgres?sslmode=disable", "other"))
-	require.Equal(t, "host=h user=u dbname=other", databaseURL("host=h user=u", "other"))
-	require.Equal(t, "postgres://u:xxxxx@h/db", redact("postgres://u:secret@h/db"))
-	require.Equal(t, "postgres:///db?host=/run", redact("postgres:///db?host=/run"))
-	require.Equal(t, "the database server", redact("host=h password=secret"))
-}
-
 // TestPgBouncerRoute: with PgBouncerEnv=1 every URL dbtest hands out goes
 // through PgBouncer (whose admin console sees the test's database) and
 // DirectURL reaches the same database without it; otherwise both are the

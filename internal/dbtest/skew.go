@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceflow/onceflow/internal/pgadmin"
 	"github.com/onceflow/onceflow/internal/pgcluster"
 )
 
@@ -72,7 +73,7 @@ func NewSkewedDatabase(t testing.TB, skew time.Duration, opts Options) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return databaseURL(s.adminURL, s.newDatabase(t, opts))
+	return pgadmin.DatabaseURL(s.adminURL, s.newDatabase(t, opts))
 }
 
 // skewedServerFor returns the running server skewed by skew, starting it

@@ -57,10 +57,10 @@ func TestTheMeasureSpansHolds(t *testing.T) {
 	k := lease.New(l, sent, func(context.Context) (time.Time, error) {
 		return time.Time{}, errors.New("connection refused")
 	}, nil)
-	ctx, stop := k.Hold(context.Background())
+	_, stop := k.Hold(context.Background())
 	time.Sleep(l / 2)
 	require.NoError(t, stop())
-	ctx, stop = k.Hold(context.Background())
+	ctx, stop := k.Hold(context.Background())
 	<-ctx.Done()
 	require.Less(t, time.Since(sent), l, "the second hold ended within the first lease")
 	require.ErrorIs(t, stop(), recovery.ErrLeaseLost)

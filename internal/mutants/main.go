@@ -36,6 +36,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -135,7 +136,7 @@ func unpatched(ms []Mutant) []Mutant {
 	for _, m := range ms {
 		i, ok := index[m.Pkg]
 		if !ok {
-			i, index[m.Pkg] = len(out), len(out)
+			index[m.Pkg] = len(out)
 			out = append(out, Mutant{Name: "baseline " + m.Pkg, Breaks: "nothing", Pkg: m.Pkg, Run: m.Run, Env: m.Env})
 			continue
 		}
@@ -284,7 +285,7 @@ func runOne(dir string, m Mutant, env []string) (Verdict, time.Duration, []byte,
 	started := time.Now()
 	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-vet=off", "-timeout", testTimeout.String(),
 		"-run", m.Run, m.Pkg)
-	cmd.Dir, cmd.Env = dir, append(env[:len(env):len(env)], m.Env...)
+	cmd.Dir, cmd.Env = dir, slices.Concat(env, m.Env)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	runErr := cmd.Run()

@@ -1,4 +1,4 @@
-package main
+package systemtest
 
 import (
 	"bytes"
@@ -278,7 +278,7 @@ func killPost(ctx context.Context, client *http.Client, base, key, body string) 
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
-	authorize(req, "acme")
+	authorize(req)
 	resp, err := client.Do(req)
 	if err != nil {
 		return killAnswer{}, err
@@ -592,7 +592,7 @@ func killPausedOwner(t *testing.T, endByHand bool) {
 	client := killClient(2)
 	const key = "paused"
 	k := recovery.Key{Tenant: "acme", ID: key}
-	store, err := recovery.New(mustPool(t, e), recovery.Config{})
+	store, err := recovery.New(dbtest.Connect(t, e.dbURL, 2), recovery.Config{})
 	require.NoError(t, err)
 	conn := killConnect(t, e)
 
@@ -706,19 +706,6 @@ func killPostAsync(ctx context.Context, client *http.Client, base, key string) <
 	return out
 }
 
-// killAwait waits for ready; an answer from early means the checkout ended
-// before it got there.
-func killAwait(t *testing.T, ctx context.Context, ready <-chan struct{}, early <-chan killResult, what string) {
-	t.Helper()
-	select {
-	case <-ready:
-	case r := <-early:
-		t.Fatalf("waiting until %s, the checkout ended: %v %d %s", what, r.err, r.answer.status, r.answer.body)
-	case <-ctx.Done():
-		t.Fatalf("gave up waiting until %s", what)
-	}
-}
-
 func killAwaitAnswer(t *testing.T, ctx context.Context, results <-chan killResult, what string) killAnswer {
 	t.Helper()
 	select {
@@ -809,7 +796,9 @@ func (p *killProxy) charge(w http.ResponseWriter, r *http.Request) {
 	}
 	defer resp.Body.Close()
 	answer, _ := io.ReadAll(resp.Body)
-	writeBody(w, resp.StatusCode, answer)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(answer)
 }
 
 // killStopped reports whether the process is stopped by a signal.

@@ -1,4 +1,4 @@
-package main
+package systemtest
 
 import (
 	"context"
@@ -161,7 +161,7 @@ func TestPostgresRestart(t *testing.T) {
 		enough   = make(chan struct{}) // closed when no more keys should start
 		workers  sync.WaitGroup
 	)
-	giveUp := func() bool { return halted.Load() } // errors come from the outage
+	giveUp := halted.Load // errors come from the outage
 	for range 16 {
 		workers.Go(func() {
 			for {
@@ -304,7 +304,7 @@ func dbfaultPost(ctx context.Context, base string, k *dbfaultKey) (dbfaultAnswer
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", k.id)
-	authorize(req, "acme")
+	authorize(req)
 	resp, err := dbfaultHTTP.Do(req)
 	if err != nil {
 		return dbfaultAnswer{}, err

@@ -1,0 +1,210 @@
+// Package testapp is the one checkout the repository's tests run, and the
+// one fake provider it calls: every package's tests that need "a
+// workflow like a user's" use these instead of declaring their own, so a
+// change to the shape of a checkout is made once.
+//
+// Checkout is create_order (atomic) → charge (foreign, over HTTP to a
+// Provider, with the derived key) → record_charge (atomic). Its tables are
+// made by Schema. A test whose point is a different shape (two foreign
+// calls in a row, a step that blocks) declares that workflow itself.
+package testapp
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/workflow"
+)
+
+// Order is the checkout's request.
+type Order struct {
+	Customer string `json:"customer"`
+	Amount   int64  `json:"amount"`
+	Card     string `json:"card"`
+}
+
+// State is the checkout's state, and its response body.
+type State struct {
+	OrderID  int64  `json:"order_id"`
+	ChargeID string `json:"charge_id,omitempty"`
+	Declined bool   `json:"declined,omitempty"`
+	Status   string `json:"status,omitempty"`
+}
+
+// DeclinedCard is the card the charge declines, without calling the
+// provider: record_charge marks the order declined and responds 402.
+const DeclinedCard = "decline"
+
+// Schema makes the checkout's tables: orders, and a ledger row per paid
+// order.
+const Schema = `
+	CREATE TABLE orders (id bigserial PRIMARY KEY, tenant text NOT NULL, key text NOT NULL,
+		customer text NOT NULL, amount bigint NOT NULL, status text NOT NULL, charge_id text);
+	CREATE TABLE ledger (id bigserial PRIMARY KEY, order_id bigint NOT NULL, entry text NOT NULL)`
+
+// Options adapts the checkout to a test.
+type Options struct {
+	// Before, if set, runs at the start of every step with the step's
+	// name; an error fails the step. A test uses it to fail, block or panic
+	// at a step.
+	Before func(ctx context.Context, step string) error
+}
+
+// Checkout is the checkout workflow, charging through the Provider at
+// providerURL.
+func Checkout(providerURL string, opts Options) *workflow.Workflow[Order, State] {
+	before := func(ctx context.Context, step string) error {
+		if opts.Before == nil {
+			return nil
+		}
+		return opts.Before(ctx, step)
+	}
+	return workflow.Define("checkout",
+		phase.Atomic("create_order", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
+			if err := before(ctx, r.Step); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, `INSERT INTO orders (tenant, key, customer, amount, status)
+				VALUES ($1, $2, $3, $4, 'new') RETURNING id`,
+				r.Key.Tenant, r.Key.ID, r.Request.Customer, r.Request.Amount).Scan(&r.State.OrderID)
+		}),
+		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Order, State]) error {
+			if err := before(ctx, c.Step); err != nil {
+				return err
+			}
+			if c.Request.Card == DeclinedCard {
+				c.State.Declined = true
+				return nil
+			}
+			id, err := Call(ctx, providerURL, "charges", c.Key)
+			if err != nil {
+				return err
+			}
+			c.State.ChargeID = id
+			return nil
+		}),
+		phase.Atomic("record_charge", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
+			if err := before(ctx, r.Step); err != nil {
+				return err
+			}
+			if r.State.Declined {
+				if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'declined' WHERE id = $1`, r.State.OrderID); err != nil {
+					return err
+				}
+				return workflow.Respond(workflow.Problem(402, "card declined"))
+			}
+			r.State.Status = "paid"
+			if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid', charge_id = $2 WHERE id = $1`,
+				r.State.OrderID, r.State.ChargeID); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO ledger (order_id, entry) VALUES ($1, 'charged')`, r.State.OrderID)
+			return err
+		}),
+	).Finish(func(s *State) workflow.Response { return workflow.JSON(201, s) })
+}
+
+// Provider is a fake service over real HTTP, as other systems are: a POST
+// to any path (the endpoint: /charges, /reservations, ...) with an
+// Idempotency-Key makes one effect per key and endpoint and answers
+// {"id": ...}, the same id for the same key, as real providers
+// deduplicate. It counts effects and calls.
+type Provider struct {
+	*httptest.Server
+	mu      sync.Mutex
+	effects map[string]map[string]string // endpoint -> key -> id
+	keys    map[string][]string          // endpoint -> keys in call order
+}
+
+// NewProvider starts a Provider, closed when t ends.
+func NewProvider(t testing.TB) *Provider {
+	p := &Provider{effects: map[string]map[string]string{}, keys: map[string][]string{}}
+	p.Server = httptest.NewServer(http.HandlerFunc(p.serve))
+	t.Cleanup(p.Close)
+	return p
+}
+
+func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
+	endpoint := strings.TrimPrefix(r.URL.Path, "/")
+	key := r.Header.Get(foreign.Header)
+	if key == "" || r.Method != http.MethodPost || len(endpoint) < 2 {
+		http.Error(w, "POST /{endpoint} with an Idempotency-Key", http.StatusBadRequest)
+		return
+	}
+	p.mu.Lock()
+	p.keys[endpoint] = append(p.keys[endpoint], key)
+	made := p.effects[endpoint]
+	if made == nil {
+		made = map[string]string{}
+		p.effects[endpoint] = made
+	}
+	id, seen := made[key]
+	if !seen {
+		id = fmt.Sprintf("%s_%d", endpoint[:2], len(made)+1)
+		made[key] = id
+	}
+	p.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]string{"id": id})
+}
+
+// Effects is how many effects endpoint made: one per key.
+func (p *Provider) Effects(endpoint string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.effects[endpoint])
+}
+
+// Keys are the keys endpoint was called with, in call order, repeats
+// included.
+func (p *Provider) Keys(endpoint string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.keys[endpoint]...)
+}
+
+// MaxCalls is the most calls endpoint got with one key.
+func (p *Provider) MaxCalls(endpoint string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	calls := map[string]int{}
+	most := 0
+	for _, k := range p.keys[endpoint] {
+		calls[k]++
+		most = max(most, calls[k])
+	}
+	return most
+}
+
+// Call posts to endpoint of the Provider at providerURL with key and
+// returns the id it answers.
+func Call(ctx context.Context, providerURL, endpoint, key string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, providerURL+"/"+endpoint, nil)
+	if err != nil {
+		return "", err
+	}
+	foreign.SetHeader(req, key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", endpoint, resp.Status)
+	}
+	var out struct{ ID string }
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return "", err
+	}
+	return out.ID, nil
+}

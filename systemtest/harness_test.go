@@ -1,0 +1,199 @@
+package systemtest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/child"
+	"github.com/onceflow/onceflow/internal/dbtest"
+)
+
+// binary is the checkout command of examples/checkout, built once for the
+// tests: the app and the provider run as real processes.
+var binary string
+
+func TestMain(m *testing.M) { dbtest.MainWithBuild(m, "../examples/checkout", "checkout", &binary) }
+
+// env is one test's database and payment provider process.
+type env struct {
+	t        *testing.T
+	ctx      context.Context
+	dbURL    string
+	provider string
+}
+
+// tenant is the tenant the tests' checkouts belong to; apiKey is its key.
+const (
+	tenant = "acme"
+	apiKey = "test-api-key-of-acme"
+)
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	t.Parallel()
+	e := &env{t: t, ctx: context.Background(), dbURL: dbtest.NewDatabase(t, dbtest.Options{})}
+	cmd := exec.Command(binary, "provider", "--addr", "127.0.0.1:0")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err)
+	e.provider = strings.TrimSpace(strings.TrimPrefix(line, "listening on "))
+	return e
+}
+
+// authorize makes req the tenant's, by its API key.
+func authorize(req *http.Request) { req.Header.Set("Authorization", "Bearer "+apiKey) }
+
+// serve starts a checkout server process on the env's database and
+// provider, authenticating the tenant by its API key, with args after the
+// common ones (a later flag wins).
+func (e *env) serve(args ...string) *serveProcess {
+	e.t.Helper()
+	file := filepath.Join(e.t.TempDir(), "api-keys")
+	require.NoError(e.t, os.WriteFile(file, []byte(apiKey+" "+tenant+"\n"), 0o600))
+	args = append([]string{"--database-url", e.dbURL, "--provider-url", e.provider, "--api-keys", file}, args...)
+	p, err := startServe(e.ctx, binary, args...)
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			p.Stop()
+		}
+	})
+	return p
+}
+
+// Charge is a charge the provider made, as its GET /charges lists it.
+type Charge struct {
+	ID             string `json:"id"`
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	AmountCents    int64  `json:"amount_cents"`
+	Currency       string `json:"currency"`
+}
+
+func (e *env) charges() []Charge {
+	e.t.Helper()
+	req, err := http.NewRequestWithContext(e.ctx, http.MethodGet, e.provider+"/charges", nil)
+	require.NoError(e.t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(e.t, err)
+	defer resp.Body.Close()
+	var charges []Charge
+	require.NoError(e.t, json.NewDecoder(resp.Body).Decode(&charges))
+	return charges
+}
+
+func (e *env) count(sql string, args ...any) int {
+	e.t.Helper()
+	conn, err := pgx.Connect(e.ctx, e.dbURL)
+	require.NoError(e.t, err)
+	defer conn.Close(e.ctx)
+	var n int
+	require.NoError(e.t, conn.QueryRow(e.ctx, sql, args...).Scan(&n))
+	return n
+}
+
+const order = `{"customer_id":"cus_1","amount_cents":4200,"currency":"usd","card_token":"tok_visa","items":[{"sku":"book","qty":1}]}`
+
+// serveProcess is `checkout serve` running as a child process.
+type serveProcess struct {
+	proc   *child.Process
+	URL    string
+	done   <-chan struct{} // closed when the process has exited
+	mu     sync.Mutex
+	stderr bytes.Buffer
+}
+
+// startServe starts exe serve with args and waits until it listens. The
+// child gets SIGKILL if this process dies first.
+func startServe(ctx context.Context, exe string, args ...string) (*serveProcess, error) {
+	cmd := exec.Command(exe, append([]string{"serve", "--addr", "127.0.0.1:0"}, args...)...)
+	p := &serveProcess{}
+	stdout, stdoutW := io.Pipe()
+	cmd.Stdout = stdoutW
+	cmd.Stderr = &lockedWriter{mu: &p.mu, w: &p.stderr}
+	var err error
+	if p.proc, err = child.Start(cmd, syscall.SIGKILL); err != nil {
+		return nil, err
+	}
+	p.done = p.proc.Exited()
+	go func() {
+		<-p.done // every byte of stdout has been copied into the pipe
+		_ = stdoutW.Close()
+	}()
+	urls := make(chan string, 1)
+	go func() {
+		lines := bufio.NewScanner(stdout)
+		for lines.Scan() {
+			if url, found := strings.CutPrefix(lines.Text(), "listening on "); found {
+				urls <- url
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout) // a line too long for the scanner
+	}()
+	select {
+	case p.URL = <-urls:
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("checkout serve exited before listening: %v: %s", p.proc.Err(), p.Stderr())
+	case <-time.After(2 * time.Minute):
+		p.Kill()
+		return nil, errors.New("checkout serve did not start listening within two minutes")
+	case <-ctx.Done():
+		p.Kill()
+		return nil, ctx.Err()
+	}
+}
+
+// Wait waits for the process to exit and returns its exit code.
+func (p *serveProcess) Wait() int {
+	<-p.done
+	return p.proc.ExitCode()
+}
+
+// Stop asks the process to stop (SIGTERM) and waits for it.
+func (p *serveProcess) Stop() int {
+	_ = p.proc.Signal(syscall.SIGTERM)
+	return p.Wait()
+}
+
+// Kill ends the process at once; it does nothing if it has ended.
+func (p *serveProcess) Kill() { p.proc.Kill() }
+
+// Stderr is what the process logged so far.
+func (p *serveProcess) Stderr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.String()
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
