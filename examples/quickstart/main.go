@@ -15,15 +15,17 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/devdb"
 	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/idemhttp"
-	"github.com/onceflow/onceflow/internal/pgcluster" // only in this repository: see main
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/workflow"
@@ -64,16 +66,13 @@ func charge(key string, cents int64) (string, error) {
 }
 
 func main() {
-	ctx := context.Background()
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel() // Ctrl-C shuts down gracefully and stops a throwaway database
 	ln, err := net.Listen("tcp", cmp.Or(os.Getenv("ADDR"), "localhost:8080"))
 	check(err)
-	url := os.Getenv("ONCEFLOW_DATABASE_URL")
-	if url == "" { // a throwaway PostgreSQL; outside this repository, require the variable instead
-		cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
-		check(err)
-		defer cluster.Stop()
-		url = cluster.URL()
-	}
+	url, stop, err := devdb.URL(ctx) // $ONCEFLOW_DATABASE_URL, else a throwaway PostgreSQL
+	check(err)
+	defer stop()
 	pool, err := pgxpool.New(ctx, url)
 	check(err)
 	m, err := migrations.New(pool, migrations.Config{})
@@ -117,7 +116,11 @@ func main() {
 	})))
 
 	fmt.Printf("listening on http://%s\n", ln.Addr())
-	check((&http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}).Serve(ln))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { <-ctx.Done(); _ = srv.Shutdown(context.Background()) }()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		check(err)
+	}
 }
 
 func check(err error) {

@@ -48,9 +48,11 @@ type State struct{}
 type fakeProvider struct{}
 
 func newFakeProvider(t *testing.T) *fakeProvider                                       { return nil }
-func freshDatabase(t *testing.T) *pgxpool.Pool                                          { return nil }
 func checkout(*fakeProvider) *workflow.Workflow[Order, State]                           { return nil }
-func oneChargePerOrder(context.Context, *pgxpool.Pool, *fakeProvider) error             { return nil }
+func oneChargePerOrder(context.Context, *pgxpool.Pool, paymentsClient) error           { return nil }
+func newFakePayments(t *testing.T) paymentsClient                                     { return nil }
+
+const ordersTable = ""
 func writeTransfer(ctx context.Context, tx pgx.Tx, body io.Reader) error                { return nil }
 func sendAndRecordReceipt(ctx context.Context, tx pgx.Tx, payload json.RawMessage) error { return nil }
 func authenticate(next http.Handler) http.Handler                                        { return next }
