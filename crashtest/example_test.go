@@ -45,7 +45,7 @@ func (b *bank) pay(key string) string {
 // a test would rather give each world a database of its own.
 func ExampleExplore() {
 	ctx := context.Background()
-	db, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated with package migrations
+	db, err := pgxpool.New(ctx, os.Getenv("ONCEFLOW_DATABASE_URL")) // migrated with package migrations
 	if err != nil {
 		panic(err)
 	}

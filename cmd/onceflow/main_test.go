@@ -41,7 +41,7 @@ type result struct {
 func onceflow(t *testing.T, args ...string) result {
 	t.Helper()
 	cmd := exec.Command(binary, args...)
-	cmd.Env = append(os.Environ(), "DATABASE_URL=", "ONCEFLOW_DATABASE_URL=")
+	cmd.Env = append(os.Environ(), "ONCEFLOW_DATABASE_URL=")
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -436,7 +436,13 @@ func TestHelpAndErrors(t *testing.T) {
 		out := ok(t, args...)
 		require.Contains(t, out, "Usage:", "%v", args)
 	}
-	require.Contains(t, fails(t, 2, "keys", "list"), "no database")
+	require.Contains(t, fails(t, 2, "keys", "list"), "no database: pass --database-url or set ONCEFLOW_DATABASE_URL")
+	// DATABASE_URL may name a developer's own application database: never used.
+	generic := exec.Command(binary, "keys", "list")
+	generic.Env = append(os.Environ(), "ONCEFLOW_DATABASE_URL=", "DATABASE_URL=postgres://app@127.0.0.1:1/app")
+	out, err := generic.CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "no database: pass --database-url or set ONCEFLOW_DATABASE_URL")
 	fails(t, 2, "frobnicate")
 	fails(t, 2, "outbox", "retyr", "1")
 	fails(t, 2, "migrate", "upp")

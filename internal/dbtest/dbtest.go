@@ -1,18 +1,19 @@
 // Package dbtest gives every test its own real PostgreSQL database.
 //
 // A test binary calls Main from TestMain. Main uses the server named by
-// ONCEFLOW_DATABASE_URL or DATABASE_URL (the user there must be allowed to
-// CREATE DATABASE) or, when neither is set, starts a throwaway cluster with
-// pgcluster. It migrates a template database once; NewDatabase copies it for
-// each test, so tests and packages run in parallel without seeing each
-// other's rows. Runnable examples find a migrated database of their own in
-// DATABASE_URL, as a user's program would. Tests never skip for want of a
-// database: without a server, Main fails the run with a message saying how
-// to get one.
+// ONCEFLOW_DATABASE_URL (the user there must be allowed to CREATE DATABASE)
+// or, when it is not set, starts a throwaway cluster with pgcluster. It
+// never reads DATABASE_URL, which may name a developer's own database. It
+// migrates a template database once; NewDatabase copies it for each test,
+// so tests and packages run in parallel without seeing each other's rows.
+// Runnable examples find a migrated database of their own in
+// ONCEFLOW_DATABASE_URL, which Main sets once it has read it. Tests never
+// skip for want of a database: without a server, Main fails the run with a
+// message saying how to get one.
 //
 // With ONCEFLOW_TEST_PGBOUNCER=1, Main also starts a PgBouncer in
 // transaction pooling mode (see package pgbouncer) and every URL it hands
-// out, DATABASE_URL included, goes through it, with the pgx settings
+// out, the examples' included, goes through it, with the pgx settings
 // transaction pooling needs; creating, copying and dropping databases still
 // goes straight to PostgreSQL. DirectURL gives a test the same database
 // without PgBouncer, for what only PostgreSQL itself can answer.
@@ -128,15 +129,15 @@ func run(m *testing.M) int {
 		server.bouncer = bouncer
 	}
 
-	// Runnable examples connect the way a user's program would, through
-	// DATABASE_URL; give them a migrated database of their own.
+	// Runnable examples connect through ONCEFLOW_DATABASE_URL, read above;
+	// give them a migrated database of their own there.
 	example := uniqueName("onceflow_example")
 	if err := server.createDatabase(ctx, example, template); err != nil {
 		fmt.Fprintln(os.Stderr, "dbtest:", err)
 		return 1
 	}
 	defer server.dropDatabase(ctx, example)
-	os.Setenv("DATABASE_URL", clientURL(example))
+	os.Setenv(pgcluster.URLEnv, clientURL(example))
 	return m.Run()
 }
 
@@ -205,7 +206,7 @@ func checkCapacity(ctx context.Context) error {
 	}
 	if maxConns < MinConnections {
 		return fmt.Errorf("the server at %s allows %d connections; the tests need max_connections >= %d "+
-			"(or unset ONCEFLOW_DATABASE_URL and DATABASE_URL to use a throwaway cluster)",
+			"(or unset ONCEFLOW_DATABASE_URL to use a throwaway cluster)",
 			redact(server.adminURL), maxConns, MinConnections)
 	}
 	return nil
