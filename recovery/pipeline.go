@@ -35,7 +35,7 @@ func (s *Store) BeginAndClaim(ctx context.Context, conn Conn, begin string, p Cl
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
-		return nil, 0, fmt.Errorf("begin: %w", err)
+		return nil, 0, s.dbError("begin", err) // the claim is prepared with it
 	}
 	rows, err := br.Query()
 	if err != nil {
