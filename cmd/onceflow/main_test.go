@@ -108,6 +108,10 @@ func TestMigrate(t *testing.T) {
 
 	other := ok(t, "migrate", "up", "--schema", "idem", db)
 	require.Equal(t, lines("applied", all), other)
+
+	require.JSONEq(t, `{"applied": [{"version": 1, "name": "keys"}]}`, ok(t, "migrate", "up", "--json", "--to", "1", db))
+	require.JSONEq(t, `{"applied": []}`, ok(t, "migrate", "up", "--json", "--to", "1", db), "nothing to do")
+	require.JSONEq(t, `{"reverted": [{"version": 1, "name": "keys"}]}`, ok(t, "migrate", "down", "--json", db))
 }
 
 // seedKeys makes a completed key, one in flight and one stuck for hours.
