@@ -171,18 +171,26 @@ func TestKeys(t *testing.T) {
 		Status   string
 		Response struct {
 			Status int
-			Body   string
+			Body   json.RawMessage
 		}
 	}
 	require.NoError(t, json.Unmarshal([]byte(ok(t, "keys", "show", "acme", "done", "--json", db)), &shown))
 	require.Equal(t, "completed", shown.Status)
 	require.Equal(t, 200, shown.Response.Status)
+	doneRec, err := recovery.New(dbtest.Connect(t, url, 1), recovery.Config{})
+	require.NoError(t, err)
+	done, err := doneRec.Load(context.Background(), recovery.Key{Tenant: "acme", ID: "done"})
+	require.NoError(t, err)
+	require.Contains(t, done.Response.Header.Get("Content-Type"), "json")
+	require.JSONEq(t, string(done.Response.Body), string(shown.Response.Body), "a JSON body is embedded as JSON, not as a string")
 	require.Contains(t, ok(t, "keys", "show", "globex", "stuck", db), "create_order")
 	require.Contains(t, fails(t, 1, "keys", "show", "acme", "nope", db), "not found")
 
 	expireLease(t, url, "stuck")
 	require.Equal(t, "released key \"stuck\" of tenant \"globex\"\n", ok(t, "keys", "release", "globex", "stuck", "--reason", "node gone", db))
-	require.Equal(t, "failed key \"running\" of tenant \"globex\"\n", ok(t, "keys", "fail", "globex", "running", "--force", db))
+	require.Equal(t, "failed key \"running\" of tenant \"globex\"\n"+
+		"the steps committed up to create_order stay committed: nothing was undone\n",
+		ok(t, "keys", "fail", "globex", "running", "--force", db))
 	require.Contains(t, fails(t, 1, "keys", "release", "acme", "done", db), "is completed: nothing to change")
 
 	store, err := recovery.New(dbtest.Connect(t, url, 2), recovery.Config{})
@@ -237,7 +245,8 @@ func TestKeysLeaveALiveLeaseAlone(t *testing.T) {
 	require.Equal(t, "released key \"running\" of tenant \"globex\"\n", ok(t, "keys", "release", "globex", "running", "--force", db))
 	require.True(t, load("running").Released)
 	expireLease(t, url, "stuck")
-	require.Equal(t, "failed key \"stuck\" of tenant \"globex\"\n", ok(t, "keys", "fail", "globex", "stuck", db))
+	require.Equal(t, "failed key \"stuck\" of tenant \"globex\"\n"+
+		"the steps committed up to create_order stay committed: nothing was undone\n", ok(t, "keys", "fail", "globex", "stuck", db))
 	require.Equal(t, recovery.StatusFailed, load("stuck").Status)
 }
 
@@ -337,10 +346,15 @@ func TestOutbox(t *testing.T) {
 	require.Contains(t, ok(t, "outbox", "list", db), "mailbox full")
 
 	id := fmt.Sprint(dead[0].ID)
-	require.Equal(t, "message "+id+" will be delivered again\n", ok(t, "outbox", "retry", id, db))
+	require.Equal(t, "message "+id+" will be delivered now, with a fresh count of attempts\n", ok(t, "outbox", "retry", id, db))
 	var pending []outbox.Record
 	require.NoError(t, json.Unmarshal([]byte(ok(t, "outbox", "list", "--status", "pending", "--json", db)), &pending))
 	require.Len(t, pending, 2)
+	for _, m := range pending {
+		id := fmt.Sprint(m.ID)
+		require.Equal(t, "message "+id+" will be delivered now, with a fresh count of attempts\n", ok(t, "outbox", "retry", id, db),
+			"a pending message too")
+	}
 	require.Equal(t, "[]\n", ok(t, "outbox", "dead", "--json", db))
 
 	fails(t, 2, "outbox", "retry", "abc", db)
