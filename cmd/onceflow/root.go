@@ -49,6 +49,7 @@ operator inspect and unstick idempotency keys and outbox messages.`,
 	flags.StringVar(&opts.schema, "schema", "", `schema holding onceflow's tables (default "public")`)
 	flags.BoolVarP(&opts.verbose, "verbose", "v", false, "log what happens on standard error")
 	root.AddCommand(newMigrate(opts), newSweeper(opts), newKeys(opts), newOutbox(opts), newBench(opts))
+	root.AddCommand(newDocs(root, opts))
 	return root
 }
 
