@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/onceflow/onceflow/recovery"
@@ -166,6 +167,10 @@ type core struct {
 	optional    bool
 	logger      *slog.Logger
 	observer    workflow.Observer
+
+	// notMigratedLogged is set once the handler has logged that the
+	// database is not migrated: said once clearly, not once a request.
+	notMigratedLogged atomic.Bool
 }
 
 func newCore(cfg Config) (*core, error) {
@@ -345,11 +350,32 @@ func (c *core) claimProblem(r *http.Request, err error) *problem {
 			detail: "this Idempotency-Key was used with a different request"}
 	case errors.Is(err, recovery.ErrInvalidInput):
 		return &problem{status: http.StatusBadRequest, detail: err.Error()}
+	case errors.Is(err, recovery.ErrNotMigrated):
+		return c.notMigrated(r, err)
 	}
 	c.logger.ErrorContext(r.Context(), "idempotency storage unavailable; the request was not run",
 		slog.String("operation", c.operation(r)), slog.Any("error", err))
 	return &problem{status: http.StatusServiceUnavailable, retryAfter: time.Second,
 		detail: "the request could not be made safe to retry, so it was not run; retry shortly"}
+}
+
+// notMigratedRetryAfter is the Retry-After of a 503 for an unmigrated
+// database: an operator has to act first.
+const notMigratedRetryAfter = 30 * time.Second
+
+// notMigrated answers a request that found onceflow's tables missing or
+// older than this build: 503, nothing run. The first such request logs the
+// error, which names the schema and the command to run, at Error; later
+// ones at Debug.
+func (c *core) notMigrated(r *http.Request, err error) *problem {
+	level := slog.LevelDebug
+	if c.notMigratedLogged.CompareAndSwap(false, true) {
+		level = slog.LevelError
+	}
+	c.logger.Log(r.Context(), level, "the database is not migrated for onceflow; every request is answered 503 until it is",
+		slog.Any("error", err))
+	return &problem{status: http.StatusServiceUnavailable, retryAfter: notMigratedRetryAfter,
+		detail: "the service's storage is not set up yet, so the request was not run; retry later"}
 }
 
 func (c *core) observe(op string, outcome recovery.Outcome, err error) {

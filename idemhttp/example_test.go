@@ -44,7 +44,7 @@ func authenticate(next http.Handler) http.Handler {
 // response, and a retry gets the same bytes back.
 func ExampleMiddleware() {
 	ctx := context.Background()
-	db, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated with package migrations
+	db, err := pgxpool.New(ctx, os.Getenv("ONCEFLOW_DATABASE_URL")) // migrated with package migrations
 	if err != nil {
 		panic(err)
 	}

@@ -44,6 +44,11 @@ const cleanupTimeout = 10 * time.Second
 // transaction rolls back, the claim is dropped, and a retry runs the
 // handler again.
 //
+// Migrate db first (`onceflow migrate up`, or migrations.Migrator.Up, with
+// the schema of cfg.Schema): until then every request with a key is
+// answered 503 without running the handler, and the first one logs an
+// error that names the schema and the command.
+//
 // It returns ErrNoTenant when cfg.Tenant is nil.
 func Middleware(db workflow.DB, cfg Config) (func(http.Handler) http.Handler, error) {
 	c, err := newCore(cfg)

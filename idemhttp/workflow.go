@@ -35,6 +35,10 @@ type Validator interface {
 // headers, observer). The key is always required, and the fingerprint is
 // the workflow's name and the decoded request: carry what the path says in
 // the body.
+//
+// On a database nobody migrated for the engine, every request is 503 and
+// the first one logs an error naming the command to run (see
+// workflow.NewEngine).
 func Workflow[Req, State any](engine *workflow.Engine, wf *workflow.Workflow[Req, State], cfg Config) (http.Handler, error) {
 	c, err := newCore(cfg)
 	if err != nil {
@@ -107,7 +111,7 @@ func (c *core) runFailed(w http.ResponseWriter, r *http.Request, err error) {
 		writeProblem(w, &problem{status: http.StatusInternalServerError,
 			detail: "the request failed part-way; retry with the same key to resume it"})
 	case errors.Is(err, recovery.ErrInFlight), errors.Is(err, recovery.ErrMismatch), errors.Is(err, recovery.ErrInvalidInput),
-		errors.Is(err, recovery.ErrForbidden):
+		errors.Is(err, recovery.ErrForbidden), errors.Is(err, recovery.ErrNotMigrated):
 		writeProblem(w, c.claimProblem(r, err))
 	default:
 		c.logger.ErrorContext(r.Context(), "workflow could not run", slog.Any("error", err))

@@ -14,7 +14,7 @@ import (
 // may do this at once.
 func ExampleMigrator_Up() {
 	ctx := context.Background()
-	db, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	db, err := pgxpool.New(ctx, os.Getenv("ONCEFLOW_DATABASE_URL"))
 	if err != nil {
 		panic(err)
 	}

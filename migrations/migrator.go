@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/internal/dbschema"
+	"github.com/onceflow/onceflow/recovery"
 )
 
 // ErrUnknownVersion reports a database migrated by a newer build than this
@@ -197,6 +198,25 @@ func (m *Migrator) Version(ctx context.Context) (int, error) {
 		version = max(version, v)
 	}
 	return version, nil
+}
+
+// Check returns a *recovery.NotMigratedError (recovery.ErrNotMigrated)
+// when the database is behind this build: some of its migrations are not
+// applied, or none is. Call it at start-up, before serving, in a process
+// that does not migrate itself, so that the first request is not where an
+// unmigrated database shows. It creates nothing. A database a newer build
+// migrated further passes: during a rolling deploy the old build's
+// processes keep running while the new build migrates.
+func (m *Migrator) Check(ctx context.Context) error {
+	version, err := m.Version(ctx)
+	if err != nil {
+		return err
+	}
+	if version < Latest() {
+		return &recovery.NotMigratedError{Schema: m.schema,
+			Cause: fmt.Errorf("the database is at version %d, this build needs %d", version, Latest())}
+	}
+	return nil
 }
 
 // Status lists every migration this build knows and whether it is applied.

@@ -165,7 +165,7 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pg
 				lockRetry = false
 				continue
 			}
-			return nil, 0, claimError(p.Key, err)
+			return nil, 0, s.claimError(p.Key, err)
 		}
 		switch {
 		case outcome == claimedNew:
@@ -209,7 +209,7 @@ func (s *Store) Takeover(ctx context.Context, k Key, workflow string) (*Record, 
 	case isLockTimeout(err):
 		return nil, 0, &InFlightError{Key: k, RetryAfter: time.Second}
 	case err != nil:
-		return nil, 0, fmt.Errorf("take over key: %w", err)
+		return nil, 0, s.dbError("take over key", err)
 	case rec.Workflow != workflow:
 		return nil, 0, fmt.Errorf("take over key: %w: the record belongs to workflow %q, not %q (tenant %q, key %q)",
 			ErrMismatch, rec.Workflow, workflow, k.Tenant, k.ID)
@@ -234,7 +234,7 @@ func (s *Store) ExpireLease(ctx context.Context, k Key) error {
 	}
 	tag, err := s.db.Exec(ctx, s.sql.expire, k.Tenant, k.ID)
 	if err != nil {
-		return fmt.Errorf("expire lease: %w", err)
+		return s.dbError("expire lease", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("expire lease: %w in flight (tenant %q, key %q)", ErrNotFound, k.Tenant, k.ID)
@@ -251,11 +251,11 @@ const lockNotAvailable = "55P03"
 // timeout means a concurrent claim of the key is uncommitted (its first
 // phase runs and holds the row): the key is in flight, answered at once
 // instead of after that phase.
-func claimError(k Key, err error) error {
+func (s *Store) claimError(k Key, err error) error {
 	if isLockTimeout(err) {
 		return &InFlightError{Key: k, RetryAfter: time.Second, Contended: true}
 	}
-	return fmt.Errorf("claim key: %w", err)
+	return s.dbError("claim key", err)
 }
 
 func isLockTimeout(err error) bool {

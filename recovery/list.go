@@ -2,7 +2,6 @@ package recovery
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,11 +27,11 @@ func (s *Store) List(ctx context.Context, f ListFilter) ([]*Record, error) {
 	}
 	rows, err := s.db.Query(ctx, s.sql.list, f.Tenant, string(f.Status), f.StuckFor.Microseconds(), limit)
 	if err != nil {
-		return nil, fmt.Errorf("list keys: %w", err)
+		return nil, s.dbError("list keys", err)
 	}
 	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*Record, error) { return scanRecord(row) })
 	if err != nil {
-		return nil, fmt.Errorf("list keys: %w", err)
+		return nil, s.dbError("list keys", err)
 	}
 	return recs, nil
 }

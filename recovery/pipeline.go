@@ -35,12 +35,12 @@ func (s *Store) BeginAndClaim(ctx context.Context, conn Conn, begin string, p Cl
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
-		return nil, 0, fmt.Errorf("begin: %w", err)
+		return nil, 0, s.dbError("begin", err) // the claim is prepared with it
 	}
 	rows, err := br.Query()
 	if err != nil {
 		_ = br.Close()
-		return nil, 0, claimError(p.Key, err)
+		return nil, 0, s.claimError(p.Key, err)
 	}
 	inTx := s.WithConn(conn)
 	inTx.inTx = true // the claim runs in the transaction begin opened
@@ -133,7 +133,7 @@ func (s *Store) andCommit(ctx context.Context, conn Conn, op string, f Fence, sq
 	case errors.As(err, &pgErr) && pgErr.Code == leaseLostCode:
 		return lostLease(op, f)
 	case err != nil:
-		return fmt.Errorf("%s key and commit: %w", op, err)
+		return s.dbError(op+" key and commit", err)
 	}
 	return nil
 }

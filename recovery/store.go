@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -61,6 +62,7 @@ type Config struct {
 // Store reads and changes key records.
 type Store struct {
 	db      DBTX
+	schema  string
 	sql     *queries
 	headers map[string]bool
 	lease   int64 // microseconds
@@ -88,7 +90,7 @@ func New(db DBTX, cfg Config) (*Store, error) {
 	for _, h := range neverStored {
 		delete(headers, h)
 	}
-	return &Store{db: db, sql: newQueries(schema), headers: headers, lease: lease}, nil
+	return &Store{db: db, schema: schema, sql: newQueries(schema), headers: headers, lease: lease}, nil
 }
 
 // WithTx returns a Store whose statements run in tx, so that a transition
@@ -97,6 +99,12 @@ func (s *Store) WithTx(tx pgx.Tx) *Store {
 	c := *s
 	c.db, c.inTx = tx, true
 	return &c
+}
+
+// dbError is err, a statement's error, as NotMigrated sees it, with what
+// failed before it.
+func (s *Store) dbError(op string, err error) error {
+	return fmt.Errorf("%s: %w", op, NotMigrated(s.schema, err))
 }
 
 // Lease returns the lease a claim takes by default.

@@ -23,7 +23,7 @@ func (s *Store) Load(ctx context.Context, k Key) (*Record, error) {
 		return nil, fmt.Errorf("%w (tenant %q, key %q)", ErrNotFound, k.Tenant, k.ID)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load key: %w", err)
+		return nil, s.dbError("load key", err)
 	}
 	return rec, nil
 }
@@ -38,7 +38,7 @@ func (s *Store) Advance(ctx context.Context, f Fence, recoveryPoint string, stat
 		return err
 	}
 	tag, err := s.db.Exec(ctx, s.sql.advance, f.Key.Tenant, f.Key.ID, f.Owner, recoveryPoint, state, s.lease)
-	return fenced("advance", f, tag, err)
+	return s.fenced("advance", f, tag, err)
 }
 
 // Complete marks the record completed and stores resp for replay: the
@@ -72,7 +72,7 @@ func (s *Store) finish(ctx context.Context, op string, f Fence, status Status, r
 		return fmt.Errorf("%s key: %w", op, err)
 	}
 	tag, err := s.db.Exec(ctx, s.sql.finish, args...)
-	return fenced(op, f, tag, err)
+	return s.fenced(op, f, tag, err)
 }
 
 // finishArgs returns the arguments of finishSQL.
@@ -96,7 +96,7 @@ func (s *Store) finishArgs(f Fence, status Status, resp Response, cause, recover
 // more.
 func (s *Store) Release(ctx context.Context, f Fence, cause string) error {
 	tag, err := s.db.Exec(ctx, s.sql.release, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause))
-	return fenced("release", f, tag, err)
+	return s.fenced("release", f, tag, err)
 }
 
 // HandBack hands the lease back like Release but without counting an
@@ -104,7 +104,7 @@ func (s *Store) Release(ctx context.Context, f Fence, cause string) error {
 // because its work failed. cause is kept as the last error.
 func (s *Store) HandBack(ctx context.Context, f Fence, cause string) error {
 	tag, err := s.db.Exec(ctx, s.sql.handBack, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause))
-	return fenced("hand back", f, tag, err)
+	return s.fenced("hand back", f, tag, err)
 }
 
 // Stored returns resp as Complete and Fail store it, and as every replay
@@ -130,7 +130,7 @@ func (s *Store) Renew(ctx context.Context, f Fence, lease time.Duration) (time.T
 		return time.Time{}, lostLease("renew", f)
 	}
 	if err != nil {
-		return time.Time{}, fmt.Errorf("renew lease: %w", err)
+		return time.Time{}, s.dbError("renew lease", err)
 	}
 	return until, nil
 }
@@ -143,7 +143,7 @@ func (s *Store) Renew(ctx context.Context, f Fence, lease time.Duration) (time.T
 func (s *Store) DeleteUnstarted(ctx context.Context, f Fence) error {
 	tag, err := s.db.Exec(ctx, s.sql.deleteUnstarted, f.Key.Tenant, f.Key.ID, f.Owner)
 	if err != nil {
-		return fmt.Errorf("delete unstarted key: %w", err)
+		return s.dbError("delete unstarted key", err)
 	}
 	if tag.RowsAffected() == 1 {
 		return nil
@@ -162,9 +162,9 @@ func (s *Store) DeleteUnstarted(ctx context.Context, f Fence) error {
 
 // fenced turns a fenced write's result into ErrLeaseLost when it matched no
 // row.
-func fenced(op string, f Fence, tag pgconn.CommandTag, err error) error {
+func (s *Store) fenced(op string, f Fence, tag pgconn.CommandTag, err error) error {
 	if err != nil {
-		return fmt.Errorf("%s key: %w", op, err)
+		return s.dbError(op+" key", err)
 	}
 	if tag.RowsAffected() != 1 {
 		return lostLease(op, f)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/internal/dbschema"
+	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
 
@@ -69,6 +70,7 @@ type CompleterConfig struct {
 // due after it.
 type Completer struct {
 	db       DBTX
+	schema   string
 	engine   *workflow.Engine
 	cfg      CompleterConfig
 	sql      completerSQL
@@ -99,6 +101,7 @@ func NewCompleter(db DBTX, engine *workflow.Engine, cfg CompleterConfig) (*Compl
 	}
 	return &Completer{
 		db:     db,
+		schema: schema,
 		engine: engine,
 		cfg:    cfg,
 		sql: completerSQL{
@@ -170,14 +173,14 @@ func (c *Completer) resumeDue(ctx context.Context, known []string) error {
 	}
 	rows, err := c.db.Query(ctx, c.sql.due, known, base.Microseconds(), c.cfg.BackoffMax.Microseconds(), c.cfg.BatchSize)
 	if err != nil {
-		return fmt.Errorf("find expired records: %w", err)
+		return fmt.Errorf("find expired records: %w", recovery.NotMigrated(c.schema, err))
 	}
 	due, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (dueRecord, error) {
 		var d dueRecord
 		return d, row.Scan(&d.key.Tenant, &d.key.ID, &d.workflow)
 	})
 	if err != nil {
-		return fmt.Errorf("find expired records: %w", err)
+		return fmt.Errorf("find expired records: %w", recovery.NotMigrated(c.schema, err))
 	}
 	var (
 		wg  sync.WaitGroup
@@ -239,7 +242,7 @@ func (c *Completer) report(ctx context.Context, known []string) error {
 	}
 	rows, err := c.db.Query(ctx, c.sql.abandoned, known)
 	if err != nil {
-		return fmt.Errorf("count abandoned records: %w", err)
+		return fmt.Errorf("count abandoned records: %w", recovery.NotMigrated(c.schema, err))
 	}
 	counts := map[string]int{}
 	var (
@@ -247,7 +250,7 @@ func (c *Completer) report(ctx context.Context, known []string) error {
 		n    int
 	)
 	if _, err := pgx.ForEachRow(rows, []any{&name, &n}, func() error { counts[name] = n; return nil }); err != nil {
-		return fmt.Errorf("count abandoned records: %w", err)
+		return fmt.Errorf("count abandoned records: %w", recovery.NotMigrated(c.schema, err))
 	}
 	c.mu.Lock()
 	for name, n := range counts {
@@ -268,7 +271,7 @@ func (c *Completer) report(ctx context.Context, known []string) error {
 
 	var seconds float64
 	if err := c.db.QueryRow(ctx, c.sql.oldest).Scan(&seconds); err != nil {
-		return fmt.Errorf("age of the oldest record in flight: %w", err)
+		return fmt.Errorf("age of the oldest record in flight: %w", recovery.NotMigrated(c.schema, err))
 	}
 	if c.observer != nil {
 		c.observer.OldestInFlight(time.Duration(seconds * float64(time.Second)))

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/internal/dbschema"
+	"github.com/onceflow/onceflow/recovery"
 )
 
 // Defaults for PrunerConfig.
@@ -88,6 +89,7 @@ type PrunerConfig struct {
 // bounded, time-boxed batches. It never touches a record in flight.
 type Pruner struct {
 	db         DBTX
+	schema     string
 	cfg        PrunerConfig
 	statements []pruneStatement
 	logger     *slog.Logger
@@ -117,6 +119,7 @@ func NewPruner(db DBTX, cfg PrunerConfig) (*Pruner, error) {
 	}
 	return &Pruner{
 		db:         db,
+		schema:     schema,
 		cfg:        cfg,
 		statements: pruneStatements(cfg, schema),
 		logger:     cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
@@ -244,7 +247,7 @@ func (p *Pruner) prune(ctx context.Context, table, sql string, retention time.Du
 			p.logger.WarnContext(ctx, "prune batch timed out; smaller batches from now on",
 				slog.String("table", table), slog.Int("batch", batch))
 		case err != nil:
-			return total, fmt.Errorf("prune %s: %w", table, err)
+			return total, fmt.Errorf("prune %s: %w", table, recovery.NotMigrated(p.schema, err))
 		default:
 			timeouts = 0
 			n := int(tag.RowsAffected())

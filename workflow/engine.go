@@ -132,6 +132,12 @@ type Result struct {
 }
 
 // NewEngine returns an engine that stores key records in db.
+//
+// Migrate db first, with `onceflow migrate up` or migrations.Migrator.Up,
+// using the schema of cfg.Schema, and check it at start-up with
+// migrations.Migrator.Check when another process migrates: until it is
+// migrated, every Run and Resume fails with ErrNotMigrated and runs
+// nothing.
 func NewEngine(db DB, cfg Config) (*Engine, error) {
 	store, err := recovery.New(db, recovery.Config{
 		Schema: cfg.Schema, ResponseHeaders: cfg.ResponseHeaders, Lease: cfg.Lease,

@@ -36,6 +36,10 @@ var (
 	// ErrUnavailable: the database gave no connection or no claim within
 	// Config.DBTimeout; nothing ran (HTTP 503, Retry-After).
 	ErrUnavailable = recovery.ErrUnavailable
+	// ErrNotMigrated: onceflow's tables or functions are missing or older
+	// than this build (HTTP 503); nothing ran. Its message names the schema
+	// and the command that migrates it.
+	ErrNotMigrated = recovery.ErrNotMigrated
 )
 
 // StepError is a step's failure: the lease was released (or, after

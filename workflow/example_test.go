@@ -42,7 +42,7 @@ func (p paymentProvider) charge(key string, amountCents int64) string {
 // another atomic phase, then run it under the client's idempotency key.
 func ExampleDefine() {
 	ctx := context.Background()
-	db, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated with package migrations
+	db, err := pgxpool.New(ctx, os.Getenv("ONCEFLOW_DATABASE_URL")) // migrated with package migrations
 	if err != nil {
 		panic(err)
 	}
@@ -103,7 +103,7 @@ type CaptureState struct {
 // step, and nothing is captured twice.
 func ExampleKeyOf() {
 	ctx := context.Background()
-	db, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	db, err := pgxpool.New(ctx, os.Getenv("ONCEFLOW_DATABASE_URL"))
 	if err != nil {
 		panic(err)
 	}

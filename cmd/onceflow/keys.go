@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -115,7 +117,11 @@ func newKeysShow(opts *options) *cobra.Command {
 			t.row("request", string(out.Request))
 			t.row("state", string(out.State))
 			if out.Response != nil {
-				t.row("response", fmt.Sprintf("%d %s", out.Response.Status, out.Response.Body+out.Response.BodyBase64))
+				body := out.Response.BodyBase64
+				if body == "" {
+					body = string(rec.Response.Body)
+				}
+				t.row("response", fmt.Sprintf("%d %s", out.Response.Status, body))
 			}
 			return t.flush()
 		},
@@ -159,16 +165,24 @@ func newKeysFail(opts *options) *cobra.Command {
 		Use:   "fail TENANT KEY",
 		Short: "Fail a key terminally: retries get a stored 500 and nothing runs again",
 		Long: `fail ends a key in flight for good: its retries get a stored 500 and nothing runs
-again. Whoever held the lease is fenced out: its next write fails.
+again. Whoever held the lease is fenced out: its next write fails. Steps that already
+committed stay committed: fail undoes nothing (an order created, a charge made), so
+settle their effects yourself if they must not stand.
 
 A key whose lease is still valid may have a holder at work: fail refuses it
 unless --force is given.`,
 		Args: args(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, a []string) error {
-			return opts.onInFlight(cmd, recovery.Key{Tenant: a[0], ID: a[1]}, force, func(store *recovery.Store, rec *recovery.Record) error {
+			var committed string
+			err := opts.onInFlight(cmd, recovery.Key{Tenant: a[0], ID: a[1]}, force, func(store *recovery.Store, rec *recovery.Record) error {
+				committed = rec.RecoveryPoint
 				resp := workflow.Problem(http.StatusInternalServerError, "the operation was stopped and will not be retried")
 				return store.Fail(cmd.Context(), rec.Fence(), resp, "failed by an operator: "+reason)
 			}, "failed")
+			if err == nil && committed != "" {
+				fmt.Fprintf(opts.stdout, "the steps committed up to %s stay committed: nothing was undone\n", printable(committed))
+			}
+			return err
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "no reason given", "why, kept as the key's last error")
@@ -249,10 +263,12 @@ type keyJSON struct {
 }
 
 type responseJSON struct {
-	Status     int                 `json:"status"`
-	Header     map[string][]string `json:"header,omitempty"`
-	Body       string              `json:"body,omitempty"`
-	BodyBase64 string              `json:"body_base64,omitempty"` // for bodies that are not UTF-8
+	Status int                 `json:"status"`
+	Header map[string][]string `json:"header,omitempty"`
+	// Body is the body itself when the response is JSON (its
+	// Content-Type says so and it is valid), else the body as a string.
+	Body       json.RawMessage `json:"body,omitempty"`
+	BodyBase64 string          `json:"body_base64,omitempty"` // for bodies that are not UTF-8
 }
 
 func toJSON(r *recovery.Record) keyJSON {
@@ -269,14 +285,25 @@ func toJSON(r *recovery.Record) keyJSON {
 	}
 	if r.Response != nil {
 		resp := &responseJSON{Status: r.Response.Status, Header: r.Response.Header}
-		if utf8.Valid(r.Response.Body) {
-			resp.Body = string(r.Response.Body)
-		} else {
+		switch {
+		case isJSON(r.Response.Header) && json.Valid(r.Response.Body):
+			resp.Body = r.Response.Body
+		case utf8.Valid(r.Response.Body):
+			resp.Body, _ = json.Marshal(string(r.Response.Body)) // a string cannot fail to encode
+		default:
 			resp.BodyBase64 = base64.StdEncoding.EncodeToString(r.Response.Body)
 		}
 		out.Response = resp
 	}
 	return out
+}
+
+// isJSON reports a Content-Type of JSON: application/json, or a
+// +json type such as application/problem+json.
+func isJSON(h map[string][]string) bool {
+	ct := http.Header(h).Get("Content-Type")
+	media, _, err := mime.ParseMediaType(ct)
+	return err == nil && (media == "application/json" || strings.HasSuffix(media, "+json"))
 }
 
 func lease(r *recovery.Record) string {

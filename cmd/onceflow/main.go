@@ -7,7 +7,7 @@
 //	onceflow keys list|show|release|fail
 //	onceflow outbox list|retry|dead
 //
-// Every command takes --database-url (or DATABASE_URL) and --schema.
+// Every command takes --database-url (or ONCEFLOW_DATABASE_URL) and --schema.
 // Errors are one line on standard error and a non-zero exit code: 1 when
 // the command failed, 2 when it was called wrongly.
 package main

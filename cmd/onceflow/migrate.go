@@ -16,7 +16,10 @@ func newMigrate(opts *options) *cobra.Command {
 		Long: `Migrations are numbered SQL files built into this binary. Each runs in its own
 transaction under an advisory lock, so several processes may migrate at once.`,
 	})
-	var upTo, downTo int
+	var (
+		upTo, downTo int
+		asJSON       bool
+	)
 	up := &cobra.Command{
 		Use:   "up",
 		Short: "Apply every migration not yet applied (or up to --to)",
@@ -28,10 +31,11 @@ transaction under an advisory lock, so several processes may migrate at once.`,
 			}
 			return opts.migrate(cmd, func(m *migrations.Migrator) ([]migrations.Migration, error) {
 				return m.To(cmd.Context(), target)
-			}, "applied")
+			}, "applied", asJSON)
 		},
 	}
 	up.Flags().IntVar(&upTo, "to", 0, "migrate up to this version")
+	up.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"applied": [{"version": 1, "name": "keys"}, ...]}`)
 	down := &cobra.Command{
 		Use:   "down",
 		Short: "Revert the last migration (or down to --to; 0 reverts everything)",
@@ -42,11 +46,11 @@ transaction under an advisory lock, so several processes may migrate at once.`,
 					return m.To(cmd.Context(), downTo)
 				}
 				return m.Down(cmd.Context())
-			}, "reverted")
+			}, "reverted", asJSON)
 		},
 	}
 	down.Flags().IntVar(&downTo, "to", 0, "migrate down to this version")
-	var asJSON bool
+	down.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"reverted": [{"version": 8, "name": "claim_principal"}, ...]}`)
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "List migrations and whether each is applied",
@@ -97,8 +101,10 @@ transaction under an advisory lock, so several processes may migrate at once.`,
 	return cmd
 }
 
-// migrate runs do with a migrator and prints what it applied or reverted.
-func (o *options) migrate(cmd *cobra.Command, do func(*migrations.Migrator) ([]migrations.Migration, error), verb string) error {
+// migrate runs do with a migrator and prints what it applied or reverted,
+// as text or, asJSON, as {verb: [{"version", "name"}, ...]}: also when a
+// migration failed part-way, so that what was done is told.
+func (o *options) migrate(cmd *cobra.Command, do func(*migrations.Migrator) ([]migrations.Migration, error), verb string, asJSON bool) error {
 	db, err := o.connect(cmd.Context())
 	if err != nil {
 		return err
@@ -109,6 +115,20 @@ func (o *options) migrate(cmd *cobra.Command, do func(*migrations.Migrator) ([]m
 		return err
 	}
 	done, err := do(m)
+	if asJSON {
+		type migration struct {
+			Version int    `json:"version"`
+			Name    string `json:"name"`
+		}
+		list := make([]migration, len(done))
+		for i, mig := range done {
+			list[i] = migration{mig.Version, mig.Name}
+		}
+		if werr := writeJSON(o.stdout, map[string][]migration{verb: list}); werr != nil {
+			return werr
+		}
+		return err
+	}
 	for _, mig := range done {
 		fmt.Fprintf(o.stdout, "%s %04d_%s\n", verb, mig.Version, mig.Name)
 	}

@@ -101,7 +101,7 @@ func newOutboxRetry(opts *options) *cobra.Command {
 				if err := ob.Retry(cmd.Context(), db, id); err != nil {
 					return err
 				}
-				fmt.Fprintf(opts.stdout, "message %d will be delivered again\n", id)
+				fmt.Fprintf(opts.stdout, "message %d will be delivered now, with a fresh count of attempts\n", id)
 			}
 			return nil
 		},

@@ -45,10 +45,11 @@ operator inspect and unstick idempotency keys and outbox messages.`,
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	flags := root.PersistentFlags()
-	flags.StringVar(&opts.databaseURL, "database-url", "", "PostgreSQL URL (default: $ONCEFLOW_DATABASE_URL, then $DATABASE_URL)")
+	flags.StringVar(&opts.databaseURL, "database-url", "", "PostgreSQL URL (default: $"+pgcluster.URLEnv+")")
 	flags.StringVar(&opts.schema, "schema", "", `schema holding onceflow's tables (default "public")`)
 	flags.BoolVarP(&opts.verbose, "verbose", "v", false, "log what happens on standard error")
 	root.AddCommand(newMigrate(opts), newSweeper(opts), newKeys(opts), newOutbox(opts), newBench(opts))
+	root.AddCommand(newDocs(root, opts))
 	return root
 }
 
@@ -59,7 +60,7 @@ func (o *options) connect(ctx context.Context) (*pgxpool.Pool, error) {
 		url = pgcluster.URLFromEnv()
 	}
 	if url == "" {
-		return nil, usageError{errors.New("no database: pass --database-url or set DATABASE_URL")}
+		return nil, usageError{errors.New("no database: pass --database-url or set " + pgcluster.URLEnv)}
 	}
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {

@@ -4,14 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/metrics"
+	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/sweeper"
 )
 
@@ -66,19 +73,28 @@ func runSweeper(ctx context.Context, opts *options, f sweeperFlags) error {
 		return err
 	}
 	defer db.Close()
+	if err := checkMigrated(ctx, db, opts.schema); err != nil {
+		return err
+	}
 	logger := slog.New(slog.NewTextHandler(opts.stderr, nil))
 	m := metrics.New()
+	var observer sweeper.Observer = m
+	var done *summary
+	if f.once {
+		done = &summary{Observer: m, pruned: map[string]int{}, abandoned: map[string]int{}}
+		observer = done
+	}
 	pruner, err := sweeper.NewPruner(db, sweeper.PrunerConfig{Schema: opts.schema, Retention: f.retention,
 		OutboxRetention: f.outboxRet, ProcessedRetention: f.processedRet, AbandonedRetention: f.abandonedRet,
-		BatchSize: f.batchSize, Logger: logger, Observer: m})
+		BatchSize: f.batchSize, Logger: logger, Observer: observer})
 	if err != nil {
 		return usageError{err}
 	}
-	reporter, err := sweeper.NewCompleter(db, nil, sweeper.CompleterConfig{Schema: opts.schema, Logger: logger, Observer: m})
+	reporter, err := sweeper.NewCompleter(db, nil, sweeper.CompleterConfig{Schema: opts.schema, Logger: logger, Observer: observer})
 	if err != nil {
 		return usageError{err}
 	}
-	s, err := sweeper.New(sweeper.Config{Logger: logger, Observer: m, Tasks: []sweeper.Scheduled{
+	s, err := sweeper.New(sweeper.Config{Logger: logger, Observer: observer, Tasks: []sweeper.Scheduled{
 		{Schedule: f.pruneEvery, Task: pruner},
 		{Schedule: f.reportEvery, Task: reporter},
 	}})
@@ -86,7 +102,11 @@ func runSweeper(ctx context.Context, opts *options, f sweeperFlags) error {
 		return usageError{err}
 	}
 	if f.once {
-		return s.RunNow(ctx)
+		if err := s.RunNow(ctx); err != nil {
+			return err
+		}
+		done.print(opts.stdout)
+		return nil
 	}
 
 	var srv *http.Server
@@ -114,4 +134,73 @@ func runSweeper(ctx context.Context, opts *options, f sweeperFlags) error {
 		_ = srv.Shutdown(shutdownCtx)
 	}
 	return nil
+}
+
+// checkMigrated refuses to start on a schema behind this build, with the
+// error that says which command migrates it.
+func checkMigrated(ctx context.Context, db *pgxpool.Pool, schema string) error {
+	m, err := migrations.New(db, migrations.Config{Schema: schema})
+	if err != nil {
+		return usageError{err}
+	}
+	return m.Check(ctx)
+}
+
+// summary is what one run of the tasks did (sweeper --once), as the tasks
+// report it to their observer.
+type summary struct {
+	sweeper.Observer
+	mu        sync.Mutex
+	pruned    map[string]int // rows per table
+	abandoned map[string]int // records per workflow
+	oldest    time.Duration
+}
+
+func (s *summary) Pruned(table string, rows int) {
+	s.Observer.Pruned(table, rows)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pruned[table] += rows
+}
+
+func (s *summary) Abandoned(workflow string, records int) {
+	s.Observer.Abandoned(workflow, records)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.abandoned[workflow] = records
+}
+
+func (s *summary) OldestInFlight(age time.Duration) {
+	s.Observer.OldestInFlight(age)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.oldest = age
+}
+
+// print writes three lines: what was pruned, the abandoned records that
+// another binary must resume, and the age of the oldest key in flight.
+func (s *summary) print(w io.Writer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fmt.Fprintf(w, "pruned: %s\n", counts(s.pruned, "nothing"))
+	fmt.Fprintf(w, "abandoned (resume them where their workflows are defined): %s\n", counts(s.abandoned, "none"))
+	oldest := "none in flight"
+	if s.oldest > 0 {
+		oldest = s.oldest.Round(time.Second).String()
+	}
+	fmt.Fprintf(w, "oldest key in flight: %s\n", oldest)
+}
+
+// counts lists "name n" pairs in name order, or none when all are 0.
+func counts(m map[string]int, none string) string {
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(m)) {
+		if m[name] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", m[name], name))
+		}
+	}
+	if len(parts) == 0 {
+		return none
+	}
+	return strings.Join(parts, ", ")
 }

@@ -50,7 +50,11 @@ Every request is authenticated: with --api-keys FILE, by its bearer token (each
 line of FILE is "TOKEN TENANT"; an X-Tenant-ID header is ignored); with
 --trust-tenant-header, by the X-Tenant-ID header an authenticating proxy sets.
 With neither, serve makes one API key for tenant demo and prints it as
-"export CHECKOUT_API_KEY=...". A missing or unknown key is 401.`,
+"export CHECKOUT_API_KEY=...". A missing or unknown key is 401.
+
+Without --database-url, serve starts a throwaway PostgreSQL, which it stops on
+exit, and prints its URL as "export ONCEFLOW_DATABASE_URL=...", for the
+onceflow command (onceflow keys list, onceflow outbox list).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return serve(cmd.Context(), f, cmd.OutOrStdout(), cmd.ErrOrStderr())

@@ -21,6 +21,7 @@ type serveProcess struct {
 	proc   *child.Process
 	URL    string
 	APIKey string          // the key serve made, when it was given none
+	DBURL  string          // the throwaway database serve started, when it was given none
 	done   <-chan struct{} // closed when the process has exited
 	mu     sync.Mutex
 	stderr bytes.Buffer
@@ -43,24 +44,27 @@ func startServe(ctx context.Context, exe string, args ...string) (*serveProcess,
 		<-p.done // every byte of stdout has been copied into the pipe
 		_ = stdoutW.Close()
 	}()
-	type started struct{ url, apiKey string }
+	type started struct{ url, apiKey, dbURL string }
 	urls := make(chan started, 1)
 	go func() {
 		lines := bufio.NewScanner(stdout)
-		var apiKey string
+		var apiKey, dbURL string
 		for lines.Scan() {
 			if key, found := strings.CutPrefix(lines.Text(), "export CHECKOUT_API_KEY="); found {
 				apiKey = key
 			}
+			if url, found := strings.CutPrefix(lines.Text(), "export ONCEFLOW_DATABASE_URL="); found {
+				dbURL = url
+			}
 			if url, found := strings.CutPrefix(lines.Text(), "listening on "); found {
-				urls <- started{url, apiKey}
+				urls <- started{url, apiKey, dbURL}
 			}
 		}
 		_, _ = io.Copy(io.Discard, stdout) // a line too long for the scanner
 	}()
 	select {
 	case s := <-urls:
-		p.URL, p.APIKey = s.url, s.apiKey
+		p.URL, p.APIKey, p.DBURL = s.url, s.apiKey, s.dbURL
 		return p, nil
 	case <-p.done:
 		return nil, fmt.Errorf("checkout serve exited before listening: %v: %s", p.proc.Err(), p.Stderr())

@@ -47,6 +47,13 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// The port first: a port in use fails at once, not after PostgreSQL
+	// has started.
+	l, err := net.Listen("tcp", f.addr)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
 	url := f.databaseURL
 	if url == "" {
 		cluster, err := pgcluster.Start(ctx, pgcluster.Options{Logger: logger})
@@ -55,6 +62,8 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 		}
 		defer cluster.Stop()
 		url = cluster.URL()
+		// For the onceflow command line: keys list, outbox list, ...
+		fmt.Fprintf(stdout, "export %s=%s\n", pgcluster.URLEnv, url)
 	}
 	db, err := openDatabase(ctx, url)
 	if err != nil {
@@ -104,11 +113,8 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	}
 	defer s.Stop()
 
-	srv, addr, err := listen(ctx, f.addr, mux, f.limits)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "listening on http://%s\n", addr)
+	srv := serveOn(ctx, l, mux, f.limits)
+	fmt.Fprintf(stdout, "listening on http://%s\n", l.Addr())
 	<-ctx.Done()
 	shutdown(srv)
 	return nil
@@ -284,6 +290,11 @@ func listen(ctx context.Context, addr string, h http.Handler, limits serverLimit
 	if err != nil {
 		return nil, "", err
 	}
+	return serveOn(ctx, l, h, limits), l.Addr().String(), nil
+}
+
+// serveOn serves h on l, within limits, and returns the server.
+func serveOn(ctx context.Context, l net.Listener, h http.Handler, limits serverLimits) *http.Server {
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: min(limits.read, maxHeaderWait),
@@ -298,7 +309,7 @@ func listen(ctx context.Context, addr string, h http.Handler, limits serverLimit
 			slog.Error("server stopped", slog.Any("error", err))
 		}
 	}()
-	return srv, l.Addr().String(), nil
+	return srv
 }
 
 func shutdown(srv *http.Server) {

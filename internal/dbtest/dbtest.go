@@ -1,19 +1,19 @@
 // Package dbtest gives every test its own real PostgreSQL database.
 //
 // A test binary calls Main from TestMain. Main uses the server named by
-// ONCEFLOW_DATABASE_URL or DATABASE_URL (the user there must be allowed to
-// CREATE DATABASE) or, when neither is set, starts a throwaway cluster with
-// pgcluster. It migrates a template database once; NewDatabase copies it for
-// each test, so tests and packages run in parallel without seeing each
-// other's rows. Runnable examples find a migrated database of their own in
-// DATABASE_URL, as a user's program would, and the server itself in
-// ONCEFLOW_DATABASE_URL, where crashtest.FreshDatabase makes databases.
-// Tests never skip for want of a database: without a server, Main fails the
-// run with a message saying how to get one.
+// ONCEFLOW_DATABASE_URL (the user there must be allowed to CREATE DATABASE)
+// or, when it is not set, starts a throwaway cluster with pgcluster. It
+// never reads DATABASE_URL, which may name a developer's own database. It
+// migrates a template database once; NewDatabase copies it for each test,
+// so tests and packages run in parallel without seeing each other's rows.
+// Runnable examples find a migrated database of their own in
+// ONCEFLOW_DATABASE_URL, which Main sets once it has read it. Tests never
+// skip for want of a database: without a server, Main fails the run with a
+// message saying how to get one.
 //
 // With ONCEFLOW_TEST_PGBOUNCER=1, Main also starts a PgBouncer in
 // transaction pooling mode (see package pgbouncer) and every URL it hands
-// out, DATABASE_URL included, goes through it, with the pgx settings
+// out, the examples' included, goes through it, with the pgx settings
 // transaction pooling needs; creating, copying and dropping databases still
 // goes straight to PostgreSQL. DirectURL gives a test the same database
 // without PgBouncer, for what only PostgreSQL itself can answer.
@@ -111,9 +111,6 @@ func run(m *testing.M) int {
 		defer cluster.Stop()
 		server.adminURL = cluster.URL()
 	}
-	// Tests and examples that make databases of their own, as a user's
-	// tests would (crashtest.FreshDatabase), find the server here.
-	os.Setenv("ONCEFLOW_DATABASE_URL", server.adminURL)
 	if err := checkCapacity(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "dbtest:", err)
 		return 1
@@ -135,15 +132,17 @@ func run(m *testing.M) int {
 		server.bouncer = bouncer
 	}
 
-	// Runnable examples connect the way a user's program would, through
-	// DATABASE_URL; give them a migrated database of their own.
+	// Runnable examples connect through ONCEFLOW_DATABASE_URL, read above;
+	// give them a migrated database of their own there. Tests that make
+	// databases of their own, as a user's would (crashtest.FreshDatabase),
+	// make them on its server.
 	example := pgadmin.UniqueName("onceflow_example")
 	if err := server.createDatabase(ctx, example, template); err != nil {
 		fmt.Fprintln(os.Stderr, "dbtest:", err)
 		return 1
 	}
 	defer server.dropDatabase(ctx, example)
-	os.Setenv("DATABASE_URL", clientURL(example))
+	os.Setenv(pgcluster.URLEnv, clientURL(example))
 	return m.Run()
 }
 
@@ -212,7 +211,7 @@ func checkCapacity(ctx context.Context) error {
 	}
 	if maxConns < MinConnections {
 		return fmt.Errorf("the server at %s allows %d connections; the tests need max_connections >= %d "+
-			"(or unset ONCEFLOW_DATABASE_URL and DATABASE_URL to use a throwaway cluster)",
+			"(or unset ONCEFLOW_DATABASE_URL to use a throwaway cluster)",
 			pgadmin.Redact(server.adminURL), maxConns, MinConnections)
 	}
 	return nil

@@ -22,7 +22,7 @@
 // anyway proves nothing.
 //
 // The tests share one throwaway PostgreSQL the command starts, unless
-// ONCEFLOW_DATABASE_URL or DATABASE_URL names a server.
+// ONCEFLOW_DATABASE_URL names a server.
 package main
 
 import (
@@ -114,7 +114,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 // databaseEnv returns the environment of the tests: the database server
-// the caller names (ONCEFLOW_DATABASE_URL, DATABASE_URL), or else one
+// the caller names (ONCEFLOW_DATABASE_URL), or else one
 // throwaway cluster for all of them, which saves each test binary
 // starting its own.
 func databaseEnv() ([]string, func(), error) {

@@ -12,7 +12,7 @@ import (
 
 // ErrNoServer reports that neither a database URL nor PostgreSQL server
 // binaries were found. Its message says how to get either.
-var ErrNoServer = errors.New("no PostgreSQL available: set ONCEFLOW_DATABASE_URL (or DATABASE_URL) " +
+var ErrNoServer = errors.New("no PostgreSQL available: set " + URLEnv + " " +
 	"to a server where this user may CREATE DATABASE, or install the PostgreSQL server binaries " +
 	"(Debian/Ubuntu: apt-get install postgresql; macOS: brew install postgresql) so that initdb and " +
 	"postgres are on PATH, reachable through pg_config --bindir, or under /usr/lib/postgresql/*/bin")
@@ -95,11 +95,11 @@ func isExecutable(path string) bool {
 	return err == nil && !info.IsDir() && info.Mode()&0o111 != 0
 }
 
-// URLFromEnv returns the database URL the environment names:
-// ONCEFLOW_DATABASE_URL first, then DATABASE_URL. Empty means none.
-func URLFromEnv() string {
-	if u := os.Getenv("ONCEFLOW_DATABASE_URL"); u != "" {
-		return u
-	}
-	return os.Getenv("DATABASE_URL")
-}
+// URLEnv names the environment variable that gives onceflow's tests and
+// command line a database URL. It is never the generic DATABASE_URL: a
+// developer may have exported that for an application of their own, and
+// the tests create and drop databases on the server it names.
+const URLEnv = "ONCEFLOW_DATABASE_URL"
+
+// URLFromEnv returns the database URL in URLEnv. Empty means none.
+func URLFromEnv() string { return os.Getenv(URLEnv) }

@@ -141,7 +141,7 @@ func TestNoServerSaysHowToGetOne(t *testing.T) {
 	require.ErrorIs(t, err, pgcluster.ErrNoServer)
 	_, err = pgcluster.Start(context.Background(), pgcluster.Options{})
 	require.ErrorIs(t, err, pgcluster.ErrNoServer)
-	require.Contains(t, err.Error(), "DATABASE_URL")
+	require.Contains(t, err.Error(), "ONCEFLOW_DATABASE_URL")
 	require.Contains(t, err.Error(), "apt-get install postgresql")
 }
 
@@ -150,9 +150,9 @@ func TestURLFromEnv(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
 	require.Empty(t, pgcluster.URLFromEnv())
 	t.Setenv("DATABASE_URL", "postgres://b")
-	require.Equal(t, "postgres://b", pgcluster.URLFromEnv())
+	require.Empty(t, pgcluster.URLFromEnv(), "DATABASE_URL may name a developer's own database: never read it")
 	t.Setenv("ONCEFLOW_DATABASE_URL", "postgres://a")
-	require.Equal(t, "postgres://a", pgcluster.URLFromEnv(), "ONCEFLOW_DATABASE_URL wins")
+	require.Equal(t, "postgres://a", pgcluster.URLFromEnv())
 }
 
 // TestServerDiesWithItsOwner: when the process that started a cluster is

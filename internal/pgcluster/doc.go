@@ -9,6 +9,6 @@
 // clients. When the process runs as root, the server runs as the "postgres"
 // user, because PostgreSQL refuses to run as root.
 //
-// Callers that were given a database URL (ONCEFLOW_DATABASE_URL or
-// DATABASE_URL, see URLFromEnv) should use it instead of starting a cluster.
+// Callers that were given a database URL (ONCEFLOW_DATABASE_URL, see
+// URLFromEnv) should use it instead of starting a cluster.
 package pgcluster
