@@ -18,15 +18,16 @@ import (
 // URL returns the database URL in ONCEFLOW_DATABASE_URL when it is set,
 // with a stop function that does nothing. Otherwise it starts a throwaway
 // PostgreSQL server and returns its URL and the function that stops the
-// server and removes it. Call stop before the program exits; a server
-// left behind by a killed program is removed by the next URL call.
-func URL(ctx context.Context) (url string, stop func() error, err error) {
+// server and removes it. Call stop before the program exits. It reports
+// nothing: what it could not remove, like a server left behind by a killed
+// program, is removed by the next URL call.
+func URL(ctx context.Context) (url string, stop func(), err error) {
 	if url := pgcluster.URLFromEnv(); url != "" {
-		return url, func() error { return nil }, nil
+		return url, func() {}, nil
 	}
 	cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
 	if err != nil {
 		return "", nil, err
 	}
-	return cluster.URL(), cluster.Stop, nil
+	return cluster.URL(), func() { _ = cluster.Stop() }, nil
 }

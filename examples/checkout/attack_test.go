@@ -368,6 +368,7 @@ func TestManySlowBodiesAreCutOff(t *testing.T) {
 				o.err = err
 				return
 			}
+			defer resp.Body.Close()
 			o.status = resp.StatusCode
 			detail, err := io.ReadAll(resp.Body)
 			if err != nil {
