@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
@@ -440,7 +441,7 @@ func TestHeartbeatLosingLeaseCancelsStep(t *testing.T) {
 	<-entered
 	// Another process takes the key over.
 	require.NoError(t, e.Store().ExpireLease(w.ctx, acme))
-	_, _, err := e.Store().Takeover(w.ctx, acme, "long")
+	_, _, err := seam.StoreOf(e.Store()).Takeover(w.ctx, acme, "long")
 	require.NoError(t, err)
 
 	err = <-done // the hooks have all run once Run returns
