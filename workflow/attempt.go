@@ -290,7 +290,7 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 	// by this attempt and no takeover is possible: no heartbeat is needed.
 	stepCtx, stop := a.heartbeat(ctx, step.Name(), !a.claimOpen)
 	started := a.e.now()
-	err := step.RunAtomic(stepCtx, a.tx, &a.run)
+	err := seam.StepOf(step).RunAtomic(stepCtx, a.tx, &a.run)
 	a.e.observeStep(a.w.name, step.Name(), started, err)
 	if lost := stop(); lost != nil {
 		err = lost
@@ -332,7 +332,7 @@ func (a *attempt[Req, State]) foreign(ctx context.Context, step phase.Step[Req, 
 	if stepCtx.Err() == nil {
 		a.acted = true
 		started := a.e.now()
-		err = step.RunForeign(stepCtx, &a.run)
+		err = seam.StepOf(step).RunForeign(stepCtx, &a.run)
 		a.e.observeStep(a.w.name, step.Name(), started, err)
 	}
 	if lost := stop(); lost != nil {

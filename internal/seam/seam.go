@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/internal/seam/hooks"
+	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 )
 
@@ -36,3 +37,16 @@ type Store interface {
 
 // StoreOf returns the engine's view of s.
 func StoreOf(s *recovery.Store) Store { return hooks.Store(s).(Store) }
+
+// Step is the engine's view of a phase.Step. Each method is the phase
+// method of the same name, lower-cased, which documents it.
+type Step[Req, State any] interface {
+	Valid() error
+	RunAtomic(ctx context.Context, tx pgx.Tx, r *phase.Run[Req, State]) error
+	RunForeign(ctx context.Context, r *phase.Run[Req, State]) error
+}
+
+// StepOf returns the engine's view of s.
+func StepOf[Req, State any](s phase.Step[Req, State]) Step[Req, State] {
+	return hooks.Step(s).(Step[Req, State])
+}
