@@ -76,11 +76,7 @@ func fenced(err error) error {
 }
 
 // run starts or continues the workflow for a client's request.
-func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, request any, opts runOptions) (*Result, error) {
-	req, err := asRequest[Req](w.name, request)
-	if err != nil {
-		return nil, err
-	}
+func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, req Req, opts runOptions) (*Result, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("%w: encode %s request: %v", ErrInvalidInput, w.name, err)
@@ -111,19 +107,6 @@ func (w *Workflow[Req, State]) resume(ctx context.Context, e *Engine, rec *recov
 	}
 	a.start, _ = w.indexAfter(rec.RecoveryPoint)
 	return a.execute(ctx)
-}
-
-func asRequest[Req any](workflow string, request any) (Req, error) {
-	switch r := request.(type) {
-	case Req:
-		return r, nil
-	case *Req:
-		if r != nil {
-			return *r, nil
-		}
-	}
-	var zero Req
-	return zero, fmt.Errorf("%w: workflow %s takes a %T request, got %T", ErrInvalidInput, workflow, zero, request)
 }
 
 // execute claims the key and runs the steps after its recovery point. A

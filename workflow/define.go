@@ -20,7 +20,6 @@ type Definition interface {
 	// Steps lists the steps in order.
 	Steps() []StepInfo
 
-	run(ctx context.Context, e *Engine, key Key, request any, opts runOptions) (*Result, error)
 	resume(ctx context.Context, e *Engine, rec *recovery.Record) (*Result, error)
 }
 
