@@ -37,7 +37,7 @@ type Label struct {
 //	defer s.Stop()
 func ExampleCompleter() {
 	ctx := context.Background()
-	db, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated with package migrations
+	db, err := pgxpool.New(ctx, os.Getenv("ONCEFLOW_DATABASE_URL")) // migrated with package migrations
 	if err != nil {
 		panic(err)
 	}
