@@ -156,7 +156,7 @@ func (c Case[Req, State]) baseline(ctx context.Context) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	res, err := engine.Run(ctx, c.Key, world.Workflow, c.Request)
+	res, err := world.Workflow.Run(ctx, engine, c.Key, c.Request)
 	if err != nil {
 		return nil, fmt.Errorf("the uncrashed run failed: %w", err)
 	}
@@ -227,7 +227,7 @@ func (c Case[Req, State]) experiment(ctx context.Context, want workflow.Response
 		return fmt.Errorf("after the crashed attempt woke: %w", err)
 	}
 
-	replay, err := recovering.Run(ctx, c.Key, world.Workflow, c.Request)
+	replay, err := world.Workflow.Run(ctx, recovering, c.Key, c.Request)
 	switch {
 	case err != nil:
 		return fmt.Errorf("final retry: %w", err)
@@ -254,7 +254,7 @@ func (c Case[Req, State]) recover(ctx context.Context, e *workflow.Engine, world
 			return res, err
 		}
 	}
-	return e.Run(ctx, c.Key, world.Workflow, c.Request)
+	return world.Workflow.Run(ctx, e, c.Key, c.Request)
 }
 
 // errKilled stops an attempt at a crash point inside a transaction.
@@ -334,7 +334,7 @@ func (c Case[Req, State]) crashingRun(ctx context.Context, world *World[Req, Sta
 			z.result.err = err
 			return
 		}
-		z.result.res, z.result.err = engine.Run(ctx, c.Key, world.Workflow, c.Request)
+		z.result.res, z.result.err = world.Workflow.Run(ctx, engine, c.Key, c.Request)
 	}()
 	return z
 }

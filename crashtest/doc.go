@@ -8,7 +8,7 @@
 // workflow and stops the attempt at that point as a process death would (no
 // lease release, no cleanup; an open transaction rolls back), expires the
 // lease through a test hook instead of waiting it out, and recovers with a
-// new engine: once as the client's retry would ([workflow.Engine.Run]) and once as
+// new engine: once as the client's retry would ([workflow.Workflow.Run]) and once as
 // the sweeper would ([workflow.Engine.Resume]). It checks that the recovered response
 // equals the uncrashed one and that the world's invariant holds. Then it
 // wakes the stopped attempt, as a paused process that resumes after its

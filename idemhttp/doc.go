@@ -10,7 +10,7 @@
 // its record never disagree.
 //
 // [Workflow] serves a workflow: it decodes the request body, runs the
-// workflow under the key ([workflow.Engine.Run]) and writes its response.
+// workflow under the key ([workflow.Workflow.Run]) and writes its response.
 //
 // # Who may see a stored response
 //

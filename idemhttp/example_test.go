@@ -134,7 +134,7 @@ type Charged struct {
 // retry gets the stored bytes; the same key with another body is 422.
 func ExampleWorkflow() {
 	ctx := context.Background()
-	db, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated with package migrations
+	db, err := pgxpool.New(ctx, os.Getenv("ONCEFLOW_DATABASE_URL")) // migrated with package migrations
 	if err != nil {
 		panic(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/internal/lease"
+	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -101,7 +102,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		outcome recovery.Outcome
 	)
 	sent, err := lease.Send(claimCtx, m.db, func(conn *pgxpool.Conn) (err error) {
-		rec, outcome, err = m.store.WithConn(conn).Claim(claimCtx, recovery.ClaimParams{Key: who.key, Workflow: op,
+		rec, outcome, err = seam.StoreOf(m.store).WithConn(conn).Claim(claimCtx, recovery.ClaimParams{Key: who.key, Workflow: op,
 			Fingerprint: fingerprint(op, r, body), Principal: who.principal})
 		return err
 	})
@@ -145,7 +146,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery
 		if conn == nil {
 			return m.store.Complete(cleanupCtx, rec.Fence(), resp)
 		}
-		return m.store.CompleteAndCommit(cleanupCtx, conn, rec.Fence(), "", nil, resp)
+		return seam.StoreOf(m.store).CompleteAndCommit(cleanupCtx, conn, rec.Fence(), "", nil, resp)
 	})
 	switch {
 	case errors.Is(err, recovery.ErrLeaseLost):

@@ -63,7 +63,7 @@ func Workflow[Req, State any](engine *workflow.Engine, wf *workflow.Workflow[Req
 			writeProblem(w, p)
 			return
 		}
-		res, err := engine.Run(r.Context(), who.key, wf, req, workflow.AsPrincipal(who.principal))
+		res, err := wf.Run(r.Context(), engine, who.key, req, workflow.AsPrincipal(who.principal))
 		if err != nil {
 			c.runFailed(w, r, err)
 			return

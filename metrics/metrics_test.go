@@ -47,13 +47,13 @@ func TestMetricsOverHTTP(t *testing.T) {
 	engine, err := workflow.NewEngine(db, workflow.Config{Observer: m})
 	require.NoError(t, err)
 	key := workflow.Key{Tenant: "acme", ID: "k1"}
-	_, err = engine.Run(ctx, key, wf, req{1}) // new, then the call fails
+	_, err = wf.Run(ctx, engine, key, req{1}) // new, then the call fails
 	require.Error(t, err)
-	_, err = engine.Run(ctx, key, wf, req{1}) // takeover
+	_, err = wf.Run(ctx, engine, key, req{1}) // takeover
 	require.NoError(t, err)
-	_, err = engine.Run(ctx, key, wf, req{1}) // replay
+	_, err = wf.Run(ctx, engine, key, req{1}) // replay
 	require.NoError(t, err)
-	_, err = engine.Run(ctx, key, wf, req{2}) // mismatch
+	_, err = wf.Run(ctx, engine, key, req{2}) // mismatch
 	require.ErrorIs(t, err, workflow.ErrMismatch)
 
 	ob, err := outbox.New(outbox.Config{})

@@ -18,7 +18,7 @@ import (
 // dedupe key recorded and sends nothing.
 func ExampleRelay() {
 	ctx := context.Background()
-	db, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated with package migrations
+	db, err := pgxpool.New(ctx, os.Getenv("ONCEFLOW_DATABASE_URL")) // migrated with package migrations
 	if err != nil {
 		panic(err)
 	}

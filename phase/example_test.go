@@ -46,7 +46,7 @@ func ExampleAtomic() {
 	key := workflow.Key{Tenant: "acme", ID: uuid.NewString()}
 	email := uuid.NewString() + "@example.com"
 	for range 3 {
-		res, err := engine.Run(ctx, key, signup, Signup{Email: email})
+		res, err := signup.Run(ctx, engine, key, Signup{Email: email})
 		if err != nil {
 			panic(err)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/phase"
 )
 
@@ -17,7 +18,7 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 func TestPanicsBecomeErrors(t *testing.T) {
 	t.Parallel()
 	step := phase.Foreign("call", func(context.Context, *phase.Run[int, int]) error { panic(io.ErrUnexpectedEOF) })
-	err := step.RunForeign(context.Background(), &phase.Run[int, int]{})
+	err := seam.StepOf(step).RunForeign(context.Background(), &phase.Run[int, int]{})
 	var panicErr *phase.PanicError
 	require.ErrorAs(t, err, &panicErr)
 	require.Equal(t, "call", panicErr.Step)
@@ -25,7 +26,7 @@ func TestPanicsBecomeErrors(t *testing.T) {
 	require.ErrorIs(t, err, io.ErrUnexpectedEOF, "a panic(err) unwraps to err")
 
 	atomic := phase.Atomic("write", func(context.Context, pgx.Tx, *phase.Run[int, int]) error { panic("boom") })
-	err = atomic.RunAtomic(context.Background(), nil, &phase.Run[int, int]{})
+	err = seam.StepOf(atomic).RunAtomic(context.Background(), nil, &phase.Run[int, int]{})
 	require.ErrorAs(t, err, &panicErr)
 	require.Equal(t, "boom", panicErr.Value)
 	require.Equal(t, "step write panicked: boom", err.Error())
@@ -40,7 +41,7 @@ func TestRunKnowsItsStep(t *testing.T) {
 		return nil
 	})
 	run := &phase.Run[int, int]{Request: 21}
-	require.NoError(t, step.RunForeign(context.Background(), run))
+	require.NoError(t, seam.StepOf(step).RunForeign(context.Background(), run))
 	require.Equal(t, "call", seen)
 	require.Equal(t, 42, run.State)
 }
@@ -48,11 +49,11 @@ func TestRunKnowsItsStep(t *testing.T) {
 func TestValid(t *testing.T) {
 	t.Parallel()
 	noop := func(context.Context, pgx.Tx, *phase.Run[int, int]) error { return nil }
-	require.NoError(t, phase.Atomic("ok", noop).Valid())
-	require.Error(t, phase.Atomic("", noop).Valid())
-	require.Error(t, phase.Atomic("tab\tname", noop).Valid())
-	require.Error(t, phase.Atomic[int, int]("nil", nil).Valid())
-	require.Error(t, phase.Foreign[int, int]("nil", nil).Valid())
+	require.NoError(t, seam.StepOf(phase.Atomic("ok", noop)).Valid())
+	require.Error(t, seam.StepOf(phase.Atomic("", noop)).Valid())
+	require.Error(t, seam.StepOf(phase.Atomic("tab\tname", noop)).Valid())
+	require.Error(t, seam.StepOf(phase.Atomic[int, int]("nil", nil)).Valid())
+	require.Error(t, seam.StepOf(phase.Foreign[int, int]("nil", nil)).Valid())
 	require.Equal(t, "atomic", phase.KindAtomic.String())
 	require.Equal(t, "foreign", phase.KindForeign.String())
 }

@@ -85,8 +85,8 @@ func (s Step[Req, State]) Name() string { return s.name }
 // Kind returns what the step does.
 func (s Step[Req, State]) Kind() Kind { return s.kind }
 
-// Valid reports what is wrong with the step's declaration, if anything.
-func (s Step[Req, State]) Valid() error {
+// valid reports what is wrong with the step's declaration, if anything.
+func (s Step[Req, State]) valid() error {
 	if err := recovery.CheckName("step name", s.name); err != nil {
 		return err
 	}
@@ -96,17 +96,17 @@ func (s Step[Req, State]) Valid() error {
 	return nil
 }
 
-// RunAtomic runs an atomic step's function in tx. A panic in the function
+// runAtomic runs an atomic step's function in tx. A panic in the function
 // is returned as a *PanicError.
-func (s Step[Req, State]) RunAtomic(ctx context.Context, tx pgx.Tx, r *Run[Req, State]) (err error) {
+func (s Step[Req, State]) runAtomic(ctx context.Context, tx pgx.Tx, r *Run[Req, State]) (err error) {
 	defer recoverPanic(s.name, &err)
 	r.Step = s.name
 	return s.atomic(ctx, tx, r)
 }
 
-// RunForeign runs a foreign step's function. A panic in the function is
+// runForeign runs a foreign step's function. A panic in the function is
 // returned as a *PanicError.
-func (s Step[Req, State]) RunForeign(ctx context.Context, r *Run[Req, State]) (err error) {
+func (s Step[Req, State]) runForeign(ctx context.Context, r *Run[Req, State]) (err error) {
 	defer recoverPanic(s.name, &err)
 	r.Step = s.name
 	return s.foreign(ctx, r)

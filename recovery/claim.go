@@ -185,7 +185,7 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pg
 	return nil, 0, &InFlightError{Key: p.Key, RetryAfter: time.Second}
 }
 
-// Takeover takes over k's record of the named workflow when its lease has
+// takeover takes over k's record of the named workflow when its lease has
 // expired, whatever request it holds: for resuming work from the stored
 // request when the client is gone (a sweeper, Engine.Resume). It returns
 // OutcomeTakeover with a new owner token, OutcomeReplay when the record is
@@ -193,7 +193,7 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pg
 // when the record belongs to another workflow (the key was reused after
 // its record was pruned, say), and ErrNotFound when there is no record. It
 // never creates one.
-func (s *Store) Takeover(ctx context.Context, k Key, workflow string) (*Record, Outcome, error) {
+func (s *Store) takeover(ctx context.Context, k Key, workflow string) (*Record, Outcome, error) {
 	if err := k.Validate(); err != nil {
 		return nil, 0, err
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/recovery"
 )
@@ -37,7 +38,7 @@ func TestNotMigrated(t *testing.T) {
 		require.ErrorIs(t, err, recovery.ErrNotMigrated)
 		_, err = b.store.List(ctx, recovery.ListFilter{})
 		require.ErrorIs(t, err, recovery.ErrNotMigrated)
-		_, _, err = b.store.Takeover(ctx, key, "checkout")
+		_, _, err = seam.StoreOf(b.store).Takeover(ctx, key, "checkout")
 		require.ErrorIs(t, err, recovery.ErrNotMigrated)
 	})
 	t.Run("older claim function", func(t *testing.T) {

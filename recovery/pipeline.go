@@ -10,9 +10,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Conn is one connection that takes statements one at a time or in a
+// batchConn is one connection that takes statements one at a time or in a
 // batch, sent in one round trip: *pgxpool.Conn and *pgx.Conn satisfy it.
-type Conn interface {
+// It is an alias of an unnamed type so that package seam can name the same
+// type.
+type batchConn = interface {
 	DBTX
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
@@ -20,11 +22,11 @@ type Conn interface {
 // leaseLostCode is the SQLSTATE onceflow_lease_lost() raises.
 const leaseLostCode = "OF001"
 
-// BeginAndClaim sends begin (a BEGIN statement) and the claim of p in one
+// beginAndClaim sends begin (a BEGIN statement) and the claim of p in one
 // round trip on conn, so the claim opens the caller's transaction. Whatever
 // it returns, the transaction is open on conn: the caller commits it or
 // rolls it back. Use it on a connection taken from a pool, not in a pgx.Tx.
-func (s *Store) BeginAndClaim(ctx context.Context, conn Conn, begin string, p ClaimParams) (*Record, Outcome, error) {
+func (s *Store) beginAndClaim(ctx context.Context, conn batchConn, begin string, p ClaimParams) (*Record, Outcome, error) {
 	args, err := s.claimArgs(p)
 	if err != nil {
 		return nil, 0, err
@@ -42,7 +44,7 @@ func (s *Store) BeginAndClaim(ctx context.Context, conn Conn, begin string, p Cl
 		_ = br.Close()
 		return nil, 0, s.claimError(p.Key, err)
 	}
-	inTx := s.WithConn(conn)
+	inTx := s.withConn(conn)
 	inTx.inTx = true // the claim runs in the transaction begin opened
 	rec, outcome, err := inTx.claimFrom(ctx, p, args, collectedRow{rows: rows, close: br.Close})
 	if closeErr := br.Close(); err == nil && closeErr != nil {
@@ -51,9 +53,9 @@ func (s *Store) BeginAndClaim(ctx context.Context, conn Conn, begin string, p Cl
 	return rec, outcome, err
 }
 
-// WithConn returns a Store whose statements run on conn, inside whatever
+// withConn returns a Store whose statements run on conn, inside whatever
 // transaction is open there.
-func (s *Store) WithConn(conn DBTX) *Store {
+func (s *Store) withConn(conn DBTX) *Store {
 	c := *s
 	c.db = conn
 	return &c
@@ -85,11 +87,11 @@ func (r collectedRow) Scan(dest ...any) error {
 	return r.close()
 }
 
-// AdvanceAndCommit commits the transaction open on conn together with the
+// advanceAndCommit commits the transaction open on conn together with the
 // recovery point, in one round trip (see Advance). If the fence does not
 // hold, the statement fails, the COMMIT does not run, and it returns
 // ErrLeaseLost with the transaction still open and aborted: roll it back.
-func (s *Store) AdvanceAndCommit(ctx context.Context, conn Conn, f Fence, recoveryPoint string, state []byte) error {
+func (s *Store) advanceAndCommit(ctx context.Context, conn batchConn, f Fence, recoveryPoint string, state []byte) error {
 	if err := checkName("recovery point", recoveryPoint); err != nil {
 		return err
 	}
@@ -97,11 +99,11 @@ func (s *Store) AdvanceAndCommit(ctx context.Context, conn Conn, f Fence, recove
 		f.Key.Tenant, f.Key.ID, f.Owner, recoveryPoint, state, s.lease)
 }
 
-// CompleteAndCommit commits the transaction open on conn together with the
-// completion, in one round trip (see CompleteAfter; an empty recoveryPoint
+// completeAndCommit commits the transaction open on conn together with the
+// completion, in one round trip (see completeAfter; an empty recoveryPoint
 // and a nil state keep what the record holds, as Complete does). On
 // ErrLeaseLost the transaction is still open and aborted: roll it back.
-func (s *Store) CompleteAndCommit(ctx context.Context, conn Conn, f Fence, recoveryPoint string, state []byte, resp Response) error {
+func (s *Store) completeAndCommit(ctx context.Context, conn batchConn, f Fence, recoveryPoint string, state []byte, resp Response) error {
 	var point *string
 	if recoveryPoint != "" {
 		if err := checkName("recovery point", recoveryPoint); err != nil {
@@ -116,7 +118,7 @@ func (s *Store) CompleteAndCommit(ctx context.Context, conn Conn, f Fence, recov
 	return s.andCommit(ctx, conn, "complete", f, s.sql.finishOrFail, args...)
 }
 
-func (s *Store) andCommit(ctx context.Context, conn Conn, op string, f Fence, sql string, args ...any) error {
+func (s *Store) andCommit(ctx context.Context, conn batchConn, op string, f Fence, sql string, args ...any) error {
 	b := &pgx.Batch{}
 	b.Queue(sql, args...)
 	b.Queue("commit")

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/recovery"
 )
 
@@ -27,13 +28,13 @@ func TestPipelinedClaimAndCommit(t *testing.T) {
 	key := recovery.Key{Tenant: "acme", ID: "k1"}
 	conn := acquire(t, b)
 
-	rec, outcome, err := b.store.BeginAndClaim(b.ctx, conn, "begin", params(t, key, `{}`))
+	rec, outcome, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, "begin", params(t, key, `{}`))
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeNew, outcome)
 	require.Equal(t, byte('T'), conn.Conn().PgConn().TxStatus(), "the claim's transaction is open")
 	_, err = conn.Exec(b.ctx, `INSERT INTO effects VALUES ('first phase')`)
 	require.NoError(t, err)
-	require.NoError(t, b.store.AdvanceAndCommit(b.ctx, conn, rec.Fence(), "first", []byte(`{"n":1}`)))
+	require.NoError(t, seam.StoreOf(b.store).AdvanceAndCommit(b.ctx, conn, rec.Fence(), "first", []byte(`{"n":1}`)))
 	require.Equal(t, byte('I'), conn.Conn().PgConn().TxStatus(), "committed")
 	require.Equal(t, "first", b.load(t, key).RecoveryPoint)
 
@@ -41,13 +42,13 @@ func TestPipelinedClaimAndCommit(t *testing.T) {
 	require.NoError(t, err)
 	_, err = conn.Exec(b.ctx, `INSERT INTO effects VALUES ('last phase')`)
 	require.NoError(t, err)
-	require.NoError(t, b.store.CompleteAndCommit(b.ctx, conn, rec.Fence(), "last", []byte(`{"n":2}`), jsonResponse))
+	require.NoError(t, seam.StoreOf(b.store).CompleteAndCommit(b.ctx, conn, rec.Fence(), "last", []byte(`{"n":2}`), jsonResponse))
 	got := b.load(t, key)
 	require.Equal(t, recovery.StatusCompleted, got.Status)
 	require.Equal(t, jsonResponse.Body, got.Response.Body)
 
 	// A replay through the pipelined claim leaves a read-only transaction.
-	rec, outcome, err = b.store.BeginAndClaim(b.ctx, conn, "begin", params(t, key, `{}`))
+	rec, outcome, err = seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, "begin", params(t, key, `{}`))
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeReplay, outcome)
 	require.Equal(t, jsonResponse.Body, rec.Response.Body)
@@ -72,10 +73,10 @@ func TestPipelinedCommitIsFenced(t *testing.T) {
 
 	for _, commit := range map[string]func(conn *pgxpool.Conn) error{
 		"advance": func(conn *pgxpool.Conn) error {
-			return b.store.AdvanceAndCommit(b.ctx, conn, stale.Fence(), "step", nil)
+			return seam.StoreOf(b.store).AdvanceAndCommit(b.ctx, conn, stale.Fence(), "step", nil)
 		},
 		"complete": func(conn *pgxpool.Conn) error {
-			return b.store.CompleteAndCommit(b.ctx, conn, stale.Fence(), "step", nil, jsonResponse)
+			return seam.StoreOf(b.store).CompleteAndCommit(b.ctx, conn, stale.Fence(), "step", nil, jsonResponse)
 		},
 	} {
 		conn := acquire(t, b)
@@ -101,13 +102,13 @@ func TestPipelinedClaimRacingAFirstClaim(t *testing.T) {
 	key := recovery.Key{Tenant: "acme", ID: "k1"}
 	p := params(t, key, `{}`)
 	first := acquire(t, b)
-	_, _, err := b.store.BeginAndClaim(b.ctx, first, "begin", p)
+	_, _, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, first, "begin", p)
 	require.NoError(t, err)
 
 	// The second claim does not wait for the first's transaction (migration
 	// 0006): it is told at once that the key is in flight.
 	second := acquire(t, b)
-	_, _, err = b.store.BeginAndClaim(b.ctx, second, "begin", p)
+	_, _, err = seam.StoreOf(b.store).BeginAndClaim(b.ctx, second, "begin", p)
 	var inFlight *recovery.InFlightError
 	require.ErrorAs(t, err, &inFlight)
 	_, err = first.Exec(b.ctx, `COMMIT`)

@@ -47,10 +47,10 @@ func (s *Store) Complete(ctx context.Context, f Fence, resp Response) error {
 	return s.finish(ctx, "complete", f, StatusCompleted, resp, nil, nil, nil)
 }
 
-// CompleteAfter completes the record like Complete and, in the same
+// completeAfter completes the record like Complete and, in the same
 // statement, records the step that produced the response and the final
 // state (JSON), as Advance would.
-func (s *Store) CompleteAfter(ctx context.Context, f Fence, recoveryPoint string, state []byte, resp Response) error {
+func (s *Store) completeAfter(ctx context.Context, f Fence, recoveryPoint string, state []byte, resp Response) error {
 	if err := checkName("recovery point", recoveryPoint); err != nil {
 		return err
 	}
@@ -80,7 +80,7 @@ func (s *Store) finishArgs(f Fence, status Status, resp Response, cause, recover
 	if resp.Status < 100 || resp.Status > 999 {
 		return nil, &InputError{Field: "response status", Problem: fmt.Sprintf("is %d, not a three-digit HTTP status", resp.Status)}
 	}
-	stored := s.Stored(resp)
+	stored := s.stored(resp)
 	header, err := json.Marshal(stored.Header)
 	if err != nil {
 		return nil, fmt.Errorf("encode header: %w", err)
@@ -99,17 +99,17 @@ func (s *Store) Release(ctx context.Context, f Fence, cause string) error {
 	return s.fenced("release", f, tag, err)
 }
 
-// HandBack hands the lease back like Release but without counting an
+// handBack hands the lease back like Release but without counting an
 // attempt: for an attempt that stopped because its caller went away, not
 // because its work failed. cause is kept as the last error.
-func (s *Store) HandBack(ctx context.Context, f Fence, cause string) error {
+func (s *Store) handBack(ctx context.Context, f Fence, cause string) error {
 	tag, err := s.db.Exec(ctx, s.sql.handBack, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause))
 	return s.fenced("hand back", f, tag, err)
 }
 
-// Stored returns resp as Complete and Fail store it, and as every replay
+// stored returns resp as Complete and Fail store it, and as every replay
 // returns it: allow-listed headers only, a nil body as an empty one.
-func (s *Store) Stored(resp Response) Response {
+func (s *Store) stored(resp Response) Response {
 	stored := Response{Status: resp.Status, Header: s.keepHeaders(resp.Header), Body: resp.Body}
 	if stored.Body == nil {
 		stored.Body = []byte{}

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/recovery"
 )
@@ -240,17 +241,17 @@ func TestAdvanceExtendsLease(t *testing.T) {
 func TestTakeoverWithoutRequest(t *testing.T) {
 	b := setup(t)
 	key := recovery.Key{Tenant: "acme", ID: "k1"}
-	_, _, err := b.store.Takeover(b.ctx, key, "checkout")
+	_, _, err := seam.StoreOf(b.store).Takeover(b.ctx, key, "checkout")
 	require.ErrorIs(t, err, recovery.ErrNotFound, "a takeover never creates a record")
 	require.Zero(t, b.count(t))
 
 	first, _ := b.claim(t, params(t, key, `{"amount":100}`))
 	require.NoError(t, b.store.Advance(b.ctx, first.Fence(), "create_order", []byte(`{"order_id":1}`)))
-	_, _, err = b.store.Takeover(b.ctx, key, "checkout")
+	_, _, err = seam.StoreOf(b.store).Takeover(b.ctx, key, "checkout")
 	require.ErrorIs(t, err, recovery.ErrInFlight, "a valid lease is respected")
 
 	b.expire(t, key)
-	rec, outcome, err := b.store.Takeover(b.ctx, key, "checkout")
+	rec, outcome, err := seam.StoreOf(b.store).Takeover(b.ctx, key, "checkout")
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeTakeover, outcome)
 	require.NotEqual(t, first.Owner, rec.Owner)
@@ -260,7 +261,7 @@ func TestTakeoverWithoutRequest(t *testing.T) {
 	require.ErrorIs(t, b.store.Advance(b.ctx, first.Fence(), "charge", nil), recovery.ErrLeaseLost)
 
 	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), jsonResponse))
-	replay, outcome, err := b.store.Takeover(b.ctx, key, "checkout")
+	replay, outcome, err := seam.StoreOf(b.store).Takeover(b.ctx, key, "checkout")
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeReplay, outcome)
 	require.Equal(t, jsonResponse.Body, replay.Response.Body)
@@ -285,7 +286,7 @@ func TestConcurrentTakeoverAndClaimOneWinner(t *testing.T) {
 				<-start
 				var err error
 				if i%2 == 0 {
-					_, _, err = b.store.Takeover(b.ctx, key, "checkout")
+					_, _, err = seam.StoreOf(b.store).Takeover(b.ctx, key, "checkout")
 				} else {
 					_, _, err = b.store.Claim(b.ctx, p)
 				}
@@ -318,7 +319,7 @@ func TestExpireLease(t *testing.T) {
 	require.NoError(t, b.store.ExpireLease(b.ctx, key))
 	require.True(t, b.load(t, key).Released, "a released lease stays released")
 
-	taken, _, err := b.store.Takeover(b.ctx, key, "checkout")
+	taken, _, err := seam.StoreOf(b.store).Takeover(b.ctx, key, "checkout")
 	require.NoError(t, err)
 	require.NoError(t, b.store.Complete(b.ctx, taken.Fence(), jsonResponse))
 	require.ErrorIs(t, b.store.ExpireLease(b.ctx, key), recovery.ErrNotFound, "a finished record has no lease")
@@ -329,7 +330,7 @@ func TestCompleteAfterRecordsFinalStep(t *testing.T) {
 	key := recovery.Key{Tenant: "acme", ID: "k1"}
 	rec, _ := b.claim(t, params(t, key, `{}`))
 	require.NoError(t, b.store.Advance(b.ctx, rec.Fence(), "create_order", []byte(`{"order_id":1}`)))
-	require.NoError(t, b.store.CompleteAfter(b.ctx, rec.Fence(), "mark_paid", []byte(`{"order_id":1,"paid":true}`), jsonResponse))
+	require.NoError(t, seam.StoreOf(b.store).CompleteAfter(b.ctx, rec.Fence(), "mark_paid", []byte(`{"order_id":1,"paid":true}`), jsonResponse))
 	got := b.load(t, key)
 	require.Equal(t, recovery.StatusCompleted, got.Status)
 	require.Equal(t, "mark_paid", got.RecoveryPoint)
@@ -376,12 +377,12 @@ func TestHandBackDoesNotCountAnAttempt(t *testing.T) {
 	b := setup(t)
 	key := recovery.Key{Tenant: "acme", ID: "k1"}
 	rec, _ := b.claim(t, params(t, key, `{}`))
-	require.NoError(t, b.store.HandBack(b.ctx, rec.Fence(), "caller went away"))
+	require.NoError(t, seam.StoreOf(b.store).HandBack(b.ctx, rec.Fence(), "caller went away"))
 	got := b.load(t, key)
 	require.True(t, got.Released)
 	require.Zero(t, got.Attempts)
 	require.Equal(t, "caller went away", got.LastError)
-	require.ErrorIs(t, b.store.HandBack(b.ctx, rec.Fence(), "again"), recovery.ErrLeaseLost)
+	require.ErrorIs(t, seam.StoreOf(b.store).HandBack(b.ctx, rec.Fence(), "again"), recovery.ErrLeaseLost)
 
 	taken, outcome := b.claim(t, params(t, key, `{}`))
 	require.Equal(t, recovery.OutcomeTakeover, outcome)
@@ -395,5 +396,5 @@ func TestStoredIsWhatReplaysReturn(t *testing.T) {
 	resp := recovery.Response{Status: 201, Header: map[string][]string{"content-type": {"a/b"}, "X-Secret": {"s"}}}
 	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), resp))
 	replay, _ := b.claim(t, params(t, key, `{}`))
-	require.Equal(t, b.store.Stored(resp), *replay.Response)
+	require.Equal(t, seam.StoreOf(b.store).Stored(resp), *replay.Response)
 }

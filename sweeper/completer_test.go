@@ -32,7 +32,7 @@ func TestCompleterServesCrashedRecordsAmidPoison(t *testing.T) {
 	engine, err := workflow.NewEngine(b.db, workflow.Config{Workflows: []workflow.Definition{b.checkout, poison}})
 	require.NoError(t, err)
 	for i := range 200 {
-		_, err := engine.Run(b.ctx, workflow.Key{Tenant: "a", ID: fmt.Sprintf("poison-%03d", i)}, poison, Order{})
+		_, err := poison.Run(b.ctx, engine, workflow.Key{Tenant: "a", ID: fmt.Sprintf("poison-%03d", i)}, Order{})
 		require.ErrorContains(t, err, "always fails")
 	}
 	crashed := b.abandonIn(t, "b", 1)[0]

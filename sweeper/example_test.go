@@ -37,7 +37,7 @@ type Label struct {
 //	defer s.Stop()
 func ExampleCompleter() {
 	ctx := context.Background()
-	db, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated with package migrations
+	db, err := pgxpool.New(ctx, os.Getenv("ONCEFLOW_DATABASE_URL")) // migrated with package migrations
 	if err != nil {
 		panic(err)
 	}
@@ -67,7 +67,7 @@ func ExampleCompleter() {
 	}
 
 	key := workflow.Key{Tenant: "acme", ID: "ship-p1"}
-	_, err = engine.Run(ctx, key, ship, Shipment{Parcel: "p1"})
+	_, err = ship.Run(ctx, engine, key, Shipment{Parcel: "p1"})
 	fmt.Println("the client got:", err)
 	carrierUp = true // and the client is gone
 
@@ -81,7 +81,7 @@ func ExampleCompleter() {
 		panic(err)
 	}
 
-	res, err := engine.Run(ctx, key, ship, Shipment{Parcel: "p1"})
+	res, err := ship.Run(ctx, engine, key, Shipment{Parcel: "p1"})
 	if err != nil {
 		panic(err)
 	}

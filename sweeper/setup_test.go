@@ -78,7 +78,7 @@ func (b *bundle) abandonIn(t *testing.T, tenant string, n int) []workflow.Key {
 	keys := make([]workflow.Key, n)
 	for i := range n {
 		keys[i] = workflow.Key{Tenant: tenant, ID: fmt.Sprintf("abandoned-%03d", i)}
-		_, err := e.Run(b.ctx, keys[i], b.checkout, Order{Amount: int64(100 + i)})
+		_, err := b.checkout.Run(b.ctx, e, keys[i], Order{Amount: int64(100 + i)})
 		require.ErrorIs(t, err, workflow.ErrCrashed)
 	}
 	_, err = b.db.Exec(b.ctx, `UPDATE onceflow_keys SET locked_until = clock_timestamp() - interval '1 second'

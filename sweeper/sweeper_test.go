@@ -71,7 +71,7 @@ func TestCompleterFinishesWorkOfADeadProcess(t *testing.T) {
 	require.Equal(t, recovery.StatusCompleted, rec.Status)
 	require.Equal(t, 1, rec.Attempts, "the dead attempt is counted")
 
-	res, err := engine.Run(b.ctx, key, b.checkout, Order{Amount: 100})
+	res, err := b.checkout.Run(b.ctx, engine, key, Order{Amount: 100})
 	require.NoError(t, err)
 	require.True(t, res.Replayed, "the client's late retry gets the completer's response")
 	require.Equal(t, rec.Response.Body, res.Response.Body)
@@ -671,7 +671,7 @@ func helperMain() int {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		_, err = e.Run(ctx, workflow.Key{Tenant: "acme", ID: "died-1"}, wf, Order{Amount: 100})
+		_, err = wf.Run(ctx, e, workflow.Key{Tenant: "acme", ID: "died-1"}, Order{Amount: 100})
 		fmt.Fprintln(os.Stderr, "the crash point was not reached:", err)
 		return 1
 	case "complete":

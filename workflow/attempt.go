@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/internal/lease"
+	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 )
@@ -75,11 +76,7 @@ func fenced(err error) error {
 }
 
 // run starts or continues the workflow for a client's request.
-func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, request any, opts runOptions) (*Result, error) {
-	req, err := asRequest[Req](w.name, request)
-	if err != nil {
-		return nil, err
-	}
+func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, req Req, opts runOptions) (*Result, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("%w: encode %s request: %v", ErrInvalidInput, w.name, err)
@@ -94,7 +91,7 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, requ
 			return s.Claim(ctx, params)
 		},
 		pipelined: func(ctx context.Context, conn *pgxpool.Conn) (*recovery.Record, recovery.Outcome, error) {
-			return e.store.BeginAndClaim(ctx, conn, beginSQL, params)
+			return seam.StoreOf(e.store).BeginAndClaim(ctx, conn, beginSQL, params)
 		},
 	}
 	a.run.Request = req
@@ -105,24 +102,11 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, requ
 func (w *Workflow[Req, State]) resume(ctx context.Context, e *Engine, rec *recovery.Record) (*Result, error) {
 	a := &attempt[Req, State]{e: e, w: w, key: rec.Key, fromRecord: true,
 		claim: func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
-			return s.Takeover(ctx, rec.Key, w.name)
+			return seam.StoreOf(s).Takeover(ctx, rec.Key, w.name)
 		},
 	}
 	a.start, _ = w.indexAfter(rec.RecoveryPoint)
 	return a.execute(ctx)
-}
-
-func asRequest[Req any](workflow string, request any) (Req, error) {
-	switch r := request.(type) {
-	case Req:
-		return r, nil
-	case *Req:
-		if r != nil {
-			return *r, nil
-		}
-	}
-	var zero Req
-	return zero, fmt.Errorf("%w: workflow %s takes a %T request, got %T", ErrInvalidInput, workflow, zero, request)
 }
 
 // execute claims the key and runs the steps after its recovery point. A
@@ -249,7 +233,7 @@ func (a *attempt[Req, State]) claimWith(ctx context.Context, folded bool) (*reco
 func (a *attempt[Req, State]) claimWithin(ctx context.Context, folded bool) (rec *recovery.Record, outcome recovery.Outcome, err error) {
 	if !folded {
 		a.claimSent, err = lease.Send(ctx, a.e.db, func(conn *pgxpool.Conn) error {
-			rec, outcome, err = a.claim(ctx, a.e.store.WithConn(conn))
+			rec, outcome, err = a.claim(ctx, seam.StoreOf(a.e.store).WithConn(conn))
 			return err
 		})
 		return rec, outcome, err
@@ -289,7 +273,7 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 	// by this attempt and no takeover is possible: no heartbeat is needed.
 	stepCtx, stop := a.heartbeat(ctx, step.Name(), !a.claimOpen)
 	started := a.e.now()
-	err := step.RunAtomic(stepCtx, a.tx, &a.run)
+	err := seam.StepOf(step).RunAtomic(stepCtx, a.tx, &a.run)
 	a.e.observeStep(a.w.name, step.Name(), started, err)
 	if lost := stop(); lost != nil {
 		err = lost
@@ -313,8 +297,8 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 	if err != nil {
 		return a.failed(ctx, step.Name(), fmt.Errorf("encode state: %w", err))
 	}
-	if err := a.commitWith(ctx, func(conn recovery.Conn) error {
-		return a.e.store.AdvanceAndCommit(ctx, conn, a.rec.Fence(), step.Name(), state)
+	if err := a.commitWith(ctx, func(conn seam.Conn) error {
+		return seam.StoreOf(a.e.store).AdvanceAndCommit(ctx, conn, a.rec.Fence(), step.Name(), state)
 	}); err != nil {
 		return a.failed(ctx, step.Name(), err)
 	}
@@ -331,7 +315,7 @@ func (a *attempt[Req, State]) foreign(ctx context.Context, step phase.Step[Req, 
 	if stepCtx.Err() == nil {
 		a.acted = true
 		started := a.e.now()
-		err = step.RunForeign(stepCtx, &a.run)
+		err = seam.StepOf(step).RunForeign(stepCtx, &a.run)
 		a.e.observeStep(a.w.name, step.Name(), started, err)
 	}
 	if lost := stop(); lost != nil {
@@ -393,13 +377,13 @@ func (a *attempt[Req, State]) respond(ctx context.Context, step string, resp *Re
 		return a.failed(ctx, step, fmt.Errorf("encode state: %w", err))
 	}
 	if a.tx == nil {
-		err = fenced(a.e.store.CompleteAfter(ctx, a.rec.Fence(), step, state, *resp))
+		err = fenced(seam.StoreOf(a.e.store).CompleteAfter(ctx, a.rec.Fence(), step, state, *resp))
 		a.acted = a.acted || err == nil
 	} else if err = a.beforeCommit(ctx, step); err != nil {
 		return nil, err
 	} else {
-		err = a.commitWith(ctx, func(conn recovery.Conn) error {
-			return a.e.store.CompleteAndCommit(ctx, conn, a.rec.Fence(), step, state, *resp)
+		err = a.commitWith(ctx, func(conn seam.Conn) error {
+			return seam.StoreOf(a.e.store).CompleteAndCommit(ctx, conn, a.rec.Fence(), step, state, *resp)
 		})
 	}
 	if err != nil {
@@ -408,7 +392,7 @@ func (a *attempt[Req, State]) respond(ctx context.Context, step string, resp *Re
 	if err := a.e.crashPoint(ctx, a.key, AfterCommit, step); err != nil {
 		return nil, err
 	}
-	return &Result{Response: a.e.store.Stored(*resp), Outcome: a.outcome, ResumedFrom: a.resumedFrom()}, nil
+	return &Result{Response: seam.StoreOf(a.e.store).Stored(*resp), Outcome: a.outcome, ResumedFrom: a.resumedFrom()}, nil
 }
 
 func (a *attempt[Req, State]) buildResponse() (resp Response, err error) {
@@ -489,7 +473,7 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 	var err error
 	switch {
 	case a.wentAway(ctx):
-		err = a.e.store.HandBack(cleanupCtx, rec.Fence(), stepErr.Error())
+		err = seam.StoreOf(a.e.store).HandBack(cleanupCtx, rec.Fence(), stepErr.Error())
 	case a.e.maxAttempts > 0 && rec.Attempts+1 >= a.e.maxAttempts:
 		return a.failTerminally(cleanupCtx, rec.Fence(), rec.Attempts+1, cause)
 	default:
@@ -543,7 +527,7 @@ func (a *attempt[Req, State]) failTerminally(ctx context.Context, fence recovery
 		}
 	}
 	a.e.logger.ErrorContext(ctx, "workflow failed terminally", a.logAttrs("", slog.Int("attempts", attempts), slog.Any("error", cause))...)
-	return &Result{Response: a.e.store.Stored(resp), Outcome: a.outcome, Failed: true}, nil
+	return &Result{Response: seam.StoreOf(a.e.store).Stored(resp), Outcome: a.outcome, Failed: true}, nil
 }
 
 // begin takes a connection and opens a transaction on it.
@@ -560,7 +544,7 @@ func (a *attempt[Req, State]) begin(ctx context.Context) error {
 // commitWith commits the open transaction with commit, which sends the
 // attempt's fenced write and the COMMIT in one round trip, and hands the
 // connection back.
-func (a *attempt[Req, State]) commitWith(ctx context.Context, commit func(recovery.Conn) error) error {
+func (a *attempt[Req, State]) commitWith(ctx context.Context, commit func(seam.Conn) error) error {
 	sent := time.Now()
 	err := a.tx.open(ctx) // a phase that sent no statement
 	if err == nil {

@@ -46,7 +46,7 @@ func TestDeadlineCountsAsAnAttempt(t *testing.T) {
 		return context.WithTimeout(w.ctx, time.Second)
 	}
 	ctx, cancel := withDeadline()
-	_, err := e.Run(ctx, acme, wf, order)
+	_, err := wf.Run(ctx, e, acme, order)
 	cancel()
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	for range 6 { // as the completer would, each run under its ResumeTimeout
@@ -74,7 +74,7 @@ func TestCancelAfterAForeignCallCounts(t *testing.T) {
 	for attempt := 1; attempt <= 3; attempt++ {
 		ctx, cancel := context.WithCancel(w.ctx)
 		go func() { <-entered; cancel() }()
-		res, err := e.Run(ctx, acme, wf, order)
+		res, err := wf.Run(ctx, e, acme, order)
 		cancel()
 		if attempt < 3 {
 			require.ErrorIs(t, err, context.Canceled)
@@ -85,7 +85,7 @@ func TestCancelAfterAForeignCallCounts(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
-	res, err := e.Run(ctx, acme, wf, order)
+	res, err := wf.Run(ctx, e, acme, order)
 	require.NoError(t, err, "a retry gets the stored failure without calling again")
 	require.True(t, res.Replayed && res.Failed)
 	require.Equal(t, int32(3), calls.Load())

@@ -40,13 +40,13 @@ func TestDuplicateDoesNotWaitForTheFirstPhase(t *testing.T) {
 	e := w.engine(workflow.Config{})
 	first := make(chan error, 1)
 	go func() {
-		_, err := e.Run(w.ctx, acme, wf, order)
+		_, err := wf.Run(w.ctx, e, acme, order)
 		first <- err
 	}()
 	<-entered
 	ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
 	defer cancel()
-	_, err := e.Run(ctx, acme, wf, order)
+	_, err := wf.Run(ctx, e, acme, order)
 	close(answered)
 	var inFlight *recovery.InFlightError
 	require.ErrorAs(t, err, &inFlight, "the duplicate is told the key is in flight")
@@ -74,7 +74,7 @@ func TestDBTimeoutBoundsTheClaim(t *testing.T) {
 		require.NoError(t, err)
 		ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
 		defer cancel()
-		_, err = e.Run(ctx, acme, wf, order)
+		_, err = wf.Run(ctx, e, acme, order)
 		return err
 	}
 

@@ -99,7 +99,7 @@ func TestSkewedClockDoesNotTakeOverAValidLease(t *testing.T) {
 					}
 					return nil
 				}
-				var wf workflow.Definition = w.checkout()
+				wf := w.checkout()
 				if held == "claim" {
 					wf = workflow.Define("charge_first", foreign.Mutation("charge",
 						func(ctx context.Context, c *foreign.Call[Order, Paid]) error { return w.step(ctx, c.Step) }))
@@ -108,7 +108,7 @@ func TestSkewedClockDoesNotTakeOverAValidLease(t *testing.T) {
 				client := w.engine(workflow.Config{Lease: lease})
 				done := make(chan error, 1)
 				go func() {
-					_, err := holder.Run(w.ctx, acme, wf, order)
+					_, err := wf.Run(w.ctx, holder, acme, order)
 					done <- err
 				}()
 				<-entered
@@ -116,7 +116,7 @@ func TestSkewedClockDoesNotTakeOverAValidLease(t *testing.T) {
 				heldRec, err := client.Store().Load(w.ctx, acme)
 				require.NoError(t, err)
 
-				_, err = client.Run(w.ctx, acme, wf, order)
+				_, err = wf.Run(w.ctx, client, acme, order)
 				require.ErrorIs(t, err, workflow.ErrInFlight, "a valid lease is not taken over")
 				var inFlight *recovery.InFlightError
 				require.ErrorAs(t, err, &inFlight)
@@ -132,7 +132,7 @@ func TestSkewedClockDoesNotTakeOverAValidLease(t *testing.T) {
 
 				close(release)
 				require.NoError(t, <-done)
-				res, err := client.Run(w.ctx, acme, wf, order)
+				res, err := wf.Run(w.ctx, client, acme, order)
 				require.NoError(t, err)
 				require.True(t, res.Replayed)
 			})
@@ -155,7 +155,7 @@ func TestSkewedClockTakesOverAnExpiredLease(t *testing.T) {
 			wf := w.checkout()
 			crashing := w.engine(workflow.Config{Clock: newSkewedClock(-skew).Now,
 				Hooks: crashAt(workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "create_order"})})
-			_, err := crashing.Run(w.ctx, acme, wf, order)
+			_, err := wf.Run(w.ctx, crashing, acme, order)
 			require.ErrorIs(t, err, workflow.ErrCrashed)
 
 			// The takeover's lease, seen from the step it runs first.
@@ -168,14 +168,14 @@ func TestSkewedClockTakesOverAnExpiredLease(t *testing.T) {
 					}
 					return nil
 				}}})
-			_, err = client.Run(w.ctx, acme, wf, order)
+			_, err = wf.Run(w.ctx, client, acme, order)
 			require.ErrorIs(t, err, workflow.ErrInFlight, "the crashed attempt's lease still holds")
 			var inFlight *recovery.InFlightError
 			require.ErrorAs(t, err, &inFlight)
 			require.LessOrEqual(t, inFlight.RetryAfter, recovery.LeaseDefault, "Retry-After is what is left of the lease, not an hour")
 			require.Greater(t, inFlight.RetryAfter, recovery.LeaseDefault/2, "Retry-After is what is left of the lease, not the minimum")
 			require.NoError(t, client.Store().ExpireLease(w.ctx, acme))
-			res, err := client.Run(w.ctx, acme, wf, order)
+			res, err := wf.Run(w.ctx, client, acme, order)
 			require.NoError(t, err)
 			require.Equal(t, recovery.OutcomeTakeover, res.Outcome)
 			require.Equal(t, "create_order", res.ResumedFrom)
@@ -194,7 +194,7 @@ func TestSkewedClockTakesOverAnExpiredLease(t *testing.T) {
 				}
 				return nil
 			}
-			_, err = w.engine(workflow.Config{Clock: newSkewedClock(-skew).Now}).Run(w.ctx, other, wf, order)
+			_, err = wf.Run(w.ctx, w.engine(workflow.Config{Clock: newSkewedClock(-skew).Now}), other, order)
 			require.ErrorContains(t, err, "provider down")
 			res, err = client.Resume(w.ctx, other)
 			require.NoError(t, err)
@@ -214,10 +214,10 @@ func TestSkewedClockReplaysFinishedRecords(t *testing.T) {
 		t.Run(dbSkewName(skew), func(t *testing.T) {
 			w := newSkewedWorld(t, skew)
 			wf := w.checkout()
-			first, err := w.engine(workflow.Config{Clock: newSkewedClock(-skew).Now}).Run(w.ctx, acme, wf, order)
+			first, err := wf.Run(w.ctx, w.engine(workflow.Config{Clock: newSkewedClock(-skew).Now}), acme, order)
 			require.NoError(t, err)
 			for _, clock := range []time.Duration{-time.Hour, 0, time.Hour} {
-				res, err := w.engine(workflow.Config{Clock: newSkewedClock(clock).Now}).Run(w.ctx, acme, wf, order)
+				res, err := wf.Run(w.ctx, w.engine(workflow.Config{Clock: newSkewedClock(clock).Now}), acme, order)
 				require.NoError(t, err)
 				require.True(t, res.Replayed, "process clock %s", clock)
 				require.Equal(t, first.Response, res.Response)
@@ -264,7 +264,7 @@ func TestHeartbeatRenewsUnderSkewedClock(t *testing.T) {
 				return awaitRenewals(ctx, renewed, 2, tc.db, lease, func() { clock.jump(tc.jump) })
 			}))
 			e := w.engine(workflow.Config{Lease: lease, Hooks: hooks, Clock: clock.Now})
-			res, err := e.Run(w.ctx, acme, wf, order)
+			res, err := wf.Run(w.ctx, e, acme, order)
 			require.NoError(t, err, "the step was not cancelled")
 			require.Equal(t, 200, res.Response.Status)
 		})
@@ -333,7 +333,7 @@ func TestClockJumpingBackDoesNotKeepAStepPastItsLease(t *testing.T) {
 			require.NoError(t, err)
 			ctx, cancel := context.WithTimeout(w.ctx, 30*lease)
 			defer cancel()
-			_, err = e.Run(ctx, acme, wf, order)
+			_, err = wf.Run(ctx, e, acme, order)
 			require.True(t, jumped.Load(), "the clock jumped while renewals failed")
 			require.NoError(t, ctx.Err(), "the step ran until its caller gave up")
 			require.ErrorIs(t, err, workflow.ErrLeaseLost)
@@ -375,7 +375,7 @@ func TestHangingRenewalStopsTheStep(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(w.ctx, 20*time.Second)
 	defer cancel()
-	_, err = e.Run(ctx, acme, wf, order)
+	_, err = wf.Run(ctx, e, acme, order)
 	require.ErrorIs(t, err, workflow.ErrLeaseLost, "the step ran until its caller gave up")
 	require.ErrorContains(t, err, "no renewal succeeded for a whole lease")
 	require.True(t, db.stalled.Load(), "a renewal hung")
@@ -398,7 +398,7 @@ func TestStepDurationsAreReadFromTheClock(t *testing.T) {
 	}
 	obs := &stepTimes{}
 	e := w.engine(workflow.Config{Clock: clock, Observer: obs})
-	_, err := e.Run(w.ctx, acme, w.checkout(), order)
+	_, err := w.checkout().Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, map[string]time.Duration{
 		"create_order": time.Minute, "charge": time.Minute, "record_charge": time.Minute,

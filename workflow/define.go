@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 )
@@ -19,7 +20,6 @@ type Definition interface {
 	// Steps lists the steps in order.
 	Steps() []StepInfo
 
-	run(ctx context.Context, e *Engine, key Key, request any, opts runOptions) (*Result, error)
 	resume(ctx context.Context, e *Engine, rec *recovery.Record) (*Result, error)
 }
 
@@ -59,7 +59,7 @@ func (w *Workflow[Req, State]) validate() error {
 	}
 	seen := map[string]bool{}
 	for _, s := range w.steps {
-		if err := s.Valid(); err != nil {
+		if err := seam.StepOf(s).Valid(); err != nil {
 			return fmt.Errorf("workflow %s: %w", w.name, err)
 		}
 		if seen[s.Name()] {

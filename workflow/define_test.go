@@ -84,22 +84,22 @@ func TestDerivedKeysThroughTheEngine(t *testing.T) {
 		}),
 	)
 	e := w.engine(workflow.Config{})
-	_, err := e.Run(w.ctx, acme, wf, order)
+	_, err := wf.Run(w.ctx, e, acme, order)
 	require.Error(t, err)
-	_, err = e.Run(w.ctx, acme, wf, order)
+	_, err = wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Len(t, keys, 2)
 	require.Equal(t, keys[0], keys[1], "the retry derived the same key")
 	require.Equal(t, subKeys[0:2], subKeys[2:4], "and the same sub-keys")
 	require.NotEqual(t, subKeys[0], subKeys[1])
 
-	_, err = e.Run(w.ctx, workflow.Key{Tenant: "globex", ID: acme.ID}, wf, order)
+	_, err = wf.Run(w.ctx, e, workflow.Key{Tenant: "globex", ID: acme.ID}, order)
 	require.NoError(t, err)
 	require.NotEqual(t, keys[0], keys[2], "another tenant, another key")
 
 	_, err = w.db.Exec(w.ctx, `DELETE FROM onceflow_keys WHERE tenant_id = 'acme'`) // pruned
 	require.NoError(t, err)
-	_, err = e.Run(w.ctx, acme, wf, order)
+	_, err = wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.NotEqual(t, keys[0], keys[3], "a key reused after pruning is a new intent")
 }

@@ -17,11 +17,12 @@
 //
 // # Running it
 //
-// [Engine.Run] claims the key and walks the state machine: a new key runs
-// from the first step; a retry of a finished key gets the stored response,
-// verbatim; a retry that finds the key's lease expired takes it over with a
-// new owner token and resumes after the last committed step (the recovery
-// point). [Engine.Resume] does the same from the stored request when the
+// [Workflow.Run] (Checkout.Run(ctx, engine, key, req), where req has the
+// workflow's request type, so another type does not compile) claims the
+// key and walks the state machine: a new key runs from the first step; a
+// retry of a finished key gets the stored response, verbatim; a retry that
+// finds the key's lease expired takes it over with a new owner token and
+// resumes after the last committed step (the recovery point). [Engine.Resume] does the same from the stored request when the
 // client is gone (sweeper.Completer calls it). [KeyOf] derives a key from
 // business identity, for jobs whose intent outlives a process.
 //

@@ -37,11 +37,11 @@ func TestRejectAfterAForeignCallIsStored(t *testing.T) {
 		}),
 	)
 	e := w.engine(workflow.Config{})
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.False(t, res.Rejected)
 	require.Equal(t, 422, res.Response.Status)
-	again, err := e.Run(w.ctx, acme, wf, order)
+	again, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.True(t, again.Replayed)
 	require.Equal(t, 1, w.provider.Effects("charges"))
@@ -57,9 +57,9 @@ func TestFirstAnswerIsTheReplayedAnswer(t *testing.T) {
 			return workflow.Response{Status: 204, Header: http.Header{"content-type": {"x/y"}, "X-Internal": {"1"}}}
 		})
 	e := w.engine(workflow.Config{})
-	first, err := e.Run(w.ctx, acme, wf, order)
+	first, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
-	replay, err := e.Run(w.ctx, acme, wf, order)
+	replay, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.True(t, replay.Replayed)
 	require.Equal(t, replay.Response, first.Response)
@@ -97,7 +97,7 @@ func TestHeartbeatDoesNotDeadlockAFullPool(t *testing.T) {
 	require.NoError(t, err)
 	runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	res, err := e.Run(runCtx, acme, wf, order)
+	res, err := wf.Run(runCtx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, 200, res.Response.Status)
 }
@@ -135,7 +135,7 @@ func TestCancelledCallerNeverFailsTheKey(t *testing.T) {
 	}
 	wf := w.checkout()
 	e := w.engine(workflow.Config{MaxAttempts: 1})
-	_, err := e.Run(ctx, acme, wf, order)
+	_, err := wf.Run(ctx, e, acme, order)
 	require.ErrorIs(t, err, context.Canceled)
 	rec, err := e.Store().Load(w.ctx, acme)
 	require.NoError(t, err)
@@ -144,7 +144,7 @@ func TestCancelledCallerNeverFailsTheKey(t *testing.T) {
 	require.Zero(t, rec.Attempts, "a caller that went away does not count")
 
 	w.before = nil
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, 201, res.Response.Status)
 }
@@ -172,7 +172,7 @@ func TestPanicOutsideStepFunctionsRollsBack(t *testing.T) {
 		phase.Atomic("never", func(context.Context, pgx.Tx, *phase.Run[Order, exploding]) error { return nil }),
 	)
 	e := w.engine(workflow.Config{})
-	_, err := e.Run(w.ctx, acme, wf, order)
+	_, err := wf.Run(w.ctx, e, acme, order)
 	var panicErr *phase.PanicError
 	require.ErrorAs(t, err, &panicErr)
 	require.Equal(t, "cannot encode", panicErr.Value)
@@ -213,7 +213,7 @@ func TestServerDefaultIsolationDoesNotMatter(t *testing.T) {
 	for range 16 {
 		wg.Go(func() {
 			<-start
-			_, err := e.Run(ctx, acme, wf, order)
+			_, err := wf.Run(ctx, e, acme, order)
 			if err != nil && !errors.Is(err, workflow.ErrInFlight) {
 				other.Add(1)
 			}
@@ -268,7 +268,7 @@ func TestRenewalsFailingForALeaseStopTheStep(t *testing.T) {
 		LeaseRenewed: func(_ workflow.Key, _ string, _ time.Time, err error) { failures <- err },
 	}})
 	require.NoError(t, err)
-	_, err = e.Run(w.ctx, acme, wf, order)
+	_, err = wf.Run(w.ctx, e, acme, order)
 	require.ErrorIs(t, err, workflow.ErrLeaseLost)
 	require.ErrorContains(t, err, "no renewal succeeded for a whole lease")
 	select { // the hooks have all run once Run returns

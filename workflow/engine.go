@@ -175,7 +175,7 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 }
 
 // Register makes workflows resumable by this engine: Resume looks a record's
-// workflow up by name. Run registers the workflow it runs. Two different
+// workflow up by name. Workflow.Run registers the workflow it runs. Two different
 // definitions under one name are an error: declare each workflow once, as a
 // package-level value, rather than per call.
 func (e *Engine) Register(defs ...Definition) error {
@@ -208,8 +208,8 @@ func (e *Engine) workflow(name string) (Definition, bool) {
 // operations outside workflows (ExpireLease in tests, for example).
 func (e *Engine) Store() *recovery.Store { return e.store }
 
-// Run runs wf for request under key and returns its response. request must
-// be the workflow's request type (or a pointer to it).
+// Run runs w for req under key on e and returns its response. The request
+// type is w's own, so a request of another type does not compile.
 //
 // A new key runs the workflow from its first step. A key whose workflow
 // finished returns the stored response with Replayed set, running nothing.
@@ -223,22 +223,23 @@ func (e *Engine) Store() *recovery.Store { return e.store }
 // record.
 //
 // If ctx is cancelled mid-way, the attempt stops, hands its lease back and
-// returns the context's error; a retry or Resume finishes the work.
-func (e *Engine) Run(ctx context.Context, key Key, wf Definition, request any, opts ...RunOption) (*Result, error) {
+// returns the context's error; a retry or [Engine.Resume] finishes the
+// work. Run registers w with e (see [Engine.Register]).
+func (w *Workflow[Req, State]) Run(ctx context.Context, e *Engine, key Key, req Req, opts ...RunOption) (*Result, error) {
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
-	if err := e.Register(wf); err != nil {
+	if err := e.Register(w); err != nil {
 		return nil, err
 	}
 	var o runOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return wf.run(ctx, e, key, request, o)
+	return w.run(ctx, e, key, req, o)
 }
 
-// RunOption changes how Run treats one request.
+// RunOption changes how Workflow.Run treats one request.
 type RunOption func(*runOptions)
 
 type runOptions struct {

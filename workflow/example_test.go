@@ -77,7 +77,7 @@ func ExampleDefine() {
 	key := workflow.Key{Tenant: "acme", ID: uuid.NewString()} // the client's Idempotency-Key
 	req := CheckoutRequest{Customer: "cus_1", AmountCents: 1999}
 	for range 2 {
-		res, err := engine.Run(ctx, key, checkout, req)
+		res, err := checkout.Run(ctx, engine, key, req)
 		if err != nil {
 			panic(err)
 		}
@@ -147,7 +147,7 @@ func ExampleKeyOf() {
 	job := func(ctx context.Context) {
 		for id := 1; id <= 5; id++ {
 			key := workflow.KeyOf(tenant, "order", strconv.Itoa(id), "capture")
-			res, err := engine.Run(ctx, key, capture, CaptureRequest{OrderID: id})
+			res, err := capture.Run(ctx, engine, key, CaptureRequest{OrderID: id})
 			switch {
 			case errors.Is(err, context.Canceled):
 				fmt.Printf("order %d: stopped\n", id)

@@ -274,7 +274,7 @@ func TestAmbiguousCommit(t *testing.T) {
 	want := map[string]workflow.Response{}
 	for _, wf := range []*workflow.Workflow[Order, Trail]{ledger, relay} {
 		key := workflow.Key{Tenant: "acme", ID: wf.Name() + " uninterrupted"}
-		res, err := retrying.Run(w.ctx, key, wf, order)
+		res, err := wf.Run(w.ctx, retrying, key, order)
 		require.NoError(t, err)
 		require.Equal(t, 201, res.Response.Status)
 		fx.requireOnce(direct, key, wf)
@@ -294,13 +294,13 @@ func TestAmbiguousCommit(t *testing.T) {
 				require.Equal(t, 1, armed.Fired(), "the %s happened", fault)
 				requireLeft(t, direct, key, after)
 				if after.held {
-					_, err := retrying.Run(w.ctx, key, c.wf, order)
+					_, err := c.wf.Run(w.ctx, retrying, key, order)
 					require.ErrorIs(t, err, workflow.ErrInFlight, "the faulted attempt's lease holds until it expires")
 					require.NoError(t, direct.Store().ExpireLease(w.ctx, key))
 				}
 				done := fx.snapshot(key)
 
-				res, err := retrying.Run(w.ctx, key, c.wf, order)
+				res, err := c.wf.Run(w.ctx, retrying, key, order)
 				require.NoError(t, err)
 				require.Equal(t, want[c.wf.Name()], res.Response, "the retry answers what an uninterrupted run does")
 				switch {
@@ -315,7 +315,7 @@ func TestAmbiguousCommit(t *testing.T) {
 				}
 				fx.requireOnce(direct, key, c.wf, after.repeated...)
 
-				again, err := retrying.Run(w.ctx, key, c.wf, order)
+				again, err := c.wf.Run(w.ctx, retrying, key, order)
 				require.NoError(t, err)
 				require.True(t, again.Replayed)
 				require.Equal(t, want[c.wf.Name()], again.Response)
@@ -342,7 +342,7 @@ func loseAt(t *testing.T, proxy *pgproxy.Proxy, pool *pgxpool.Pool, key workflow
 			}
 			return nil
 		}}})
-	_, err := faulted.Run(context.Background(), key, c.wf, order)
+	_, err := c.wf.Run(context.Background(), faulted, key, order)
 	require.Error(t, err, "the caller sees an error")
 	require.NotNil(t, armed, "the attempt passed %s", c.at)
 	proxy.Disarm(armed)
@@ -405,7 +405,7 @@ func TestEveryAcknowledgementLost(t *testing.T) {
 			for range len(wf.Steps()) + 1 {
 				armed := proxy.Arm(pgproxy.Rule{Match: stepCommit, Fault: c.fault, Skip: c.skip})
 				var err error
-				res, err = e.Run(w.ctx, acme, wf, order)
+				res, err = wf.Run(w.ctx, e, acme, order)
 				proxy.Disarm(armed)
 				if err == nil {
 					require.Zero(t, armed.Fired())

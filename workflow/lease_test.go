@@ -59,7 +59,7 @@ func TestLeaseDeadlineSpansTheAttempt(t *testing.T) {
 		}))
 	e, err := workflow.NewEngine(db, workflow.Config{Lease: lease})
 	require.NoError(t, err)
-	_, err = e.Run(w.ctx, acme, wf, order)
+	_, err = wf.Run(w.ctx, e, acme, order)
 	require.ErrorIs(t, err, workflow.ErrLeaseLost)
 	require.ErrorContains(t, err, "no renewal succeeded for a whole lease")
 	require.True(t, <-validAtCancel, "the second step was stopped while the lease was still valid")

@@ -20,7 +20,7 @@ func TestNotMigrated(t *testing.T) {
 	wf := w.checkout()
 	e := w.engine(workflow.Config{Workflows: []workflow.Definition{wf}})
 
-	_, err := e.Run(w.ctx, acme, wf, order)
+	_, err := wf.Run(w.ctx, e, acme, order)
 	require.ErrorIs(t, err, workflow.ErrNotMigrated)
 	require.ErrorContains(t, err, "onceflow migrate up")
 	require.Zero(t, w.orders())
@@ -38,7 +38,7 @@ func TestApplicationsMissingTable(t *testing.T) {
 		return err
 	})).Finish(func(*Paid) workflow.Response { return workflow.JSON(200, nil) })
 	e := w.engine(workflow.Config{})
-	_, err := e.Run(w.ctx, acme, wf, order)
+	_, err := wf.Run(w.ctx, e, acme, order)
 	var stepErr *workflow.StepError
 	require.ErrorAs(t, err, &stepErr)
 	require.NotErrorIs(t, err, workflow.ErrNotMigrated)

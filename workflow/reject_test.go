@@ -57,16 +57,16 @@ func TestRejectAfterTakeoverIsStored(t *testing.T) {
 			return nil
 		})
 	e := w.engine(workflow.Config{})
-	_, err := e.Run(w.ctx, acme, wf, order)
+	_, err := wf.Run(w.ctx, e, acme, order)
 	require.ErrorContains(t, err, "database hiccup")
 	require.Equal(t, 1, w.provider.Effects("charges"))
 
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.False(t, res.Rejected, "a Reject after a foreign call of an earlier attempt is stored")
 	require.Equal(t, 409, res.Response.Status)
 
-	again, err := e.Run(w.ctx, acme, wf, order)
+	again, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.True(t, again.Replayed)
 	require.Equal(t, 409, again.Response.Status)
@@ -94,7 +94,7 @@ func TestRejectOfATakenOverKeyIsNotAnswered(t *testing.T) {
 	e := w.engine(workflow.Config{})
 	zombie := make(chan error, 1)
 	go func() {
-		res, err := e.Run(w.ctx, acme, wf, order)
+		res, err := wf.Run(w.ctx, e, acme, order)
 		if err == nil && res.Rejected {
 			err = errors.New("the zombie answered Rejected")
 		}
@@ -102,7 +102,7 @@ func TestRejectOfATakenOverKeyIsNotAnswered(t *testing.T) {
 	}()
 	<-stalled
 	require.NoError(t, e.Store().ExpireLease(w.ctx, acme))
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, 200, res.Response.Status)
 
@@ -128,7 +128,7 @@ func TestRejectOfATakeoverBeforeAnyForeignStepLeavesNoRecord(t *testing.T) {
 		}
 		return nil
 	}
-	_, err := e.Run(w.ctx, acme, wf, order)
+	_, err := wf.Run(w.ctx, e, acme, order)
 	require.Error(t, err)
 	require.Equal(t, 1, w.keys(), "the failed attempt left a resumable record")
 	w.before = func(_ context.Context, step string) error {
@@ -137,7 +137,7 @@ func TestRejectOfATakeoverBeforeAnyForeignStepLeavesNoRecord(t *testing.T) {
 		}
 		return nil
 	}
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.True(t, res.Rejected)
 	require.Zero(t, w.keys())

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
@@ -34,7 +35,7 @@ func TestTakeoverResumesFromRecoveryPoint(t *testing.T) {
 	wf := w.checkout()
 	crashing := w.engine(workflow.Config{Hooks: crashAt(workflow.CrashPoint{Kind: workflow.AfterForeignCall, Step: "charge"})})
 
-	_, err := crashing.Run(w.ctx, acme, wf, order)
+	_, err := wf.Run(w.ctx, crashing, acme, order)
 	require.ErrorIs(t, err, workflow.ErrCrashed)
 	rec, err := crashing.Store().Load(w.ctx, acme)
 	require.NoError(t, err)
@@ -42,11 +43,11 @@ func TestTakeoverResumesFromRecoveryPoint(t *testing.T) {
 	require.Equal(t, "create_order", rec.RecoveryPoint)
 
 	e := w.engine(workflow.Config{})
-	_, err = e.Run(w.ctx, acme, wf, order)
+	_, err = wf.Run(w.ctx, e, acme, order)
 	require.ErrorIs(t, err, workflow.ErrInFlight, "the dead attempt's lease still holds")
 
 	require.NoError(t, e.Store().ExpireLease(w.ctx, acme))
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeTakeover, res.Outcome)
 	require.Equal(t, "create_order", res.ResumedFrom)
@@ -67,7 +68,7 @@ func TestResumeWithoutClient(t *testing.T) {
 	w := newWorld(t)
 	wf := w.checkout()
 	crashing := w.engine(workflow.Config{Hooks: crashAt(workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "create_order"})})
-	_, err := crashing.Run(w.ctx, acme, wf, order)
+	_, err := wf.Run(w.ctx, crashing, acme, order)
 	require.ErrorIs(t, err, workflow.ErrCrashed)
 
 	// Another process knows the workflow by name only.
@@ -82,7 +83,7 @@ func TestResumeWithoutClient(t *testing.T) {
 	require.Equal(t, "create_order", res.ResumedFrom)
 	require.JSONEq(t, `{"order_id":1,"charge_id":"ch_1","status":"paid"}`, string(res.Response.Body))
 
-	client, err := w.engine(workflow.Config{}).Run(w.ctx, acme, wf, order)
+	client, err := wf.Run(w.ctx, w.engine(workflow.Config{}), acme, order)
 	require.NoError(t, err)
 	require.True(t, client.Replayed, "the client's retry gets the sweeper's response")
 	require.Equal(t, res.Response, client.Response)
@@ -100,7 +101,7 @@ func TestResumeErrors(t *testing.T) {
 	require.ErrorIs(t, err, workflow.ErrNotFound)
 
 	crashing := w.engine(workflow.Config{Hooks: crashAt(workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "create_order"})})
-	_, err = crashing.Run(w.ctx, acme, wf, order)
+	_, err = wf.Run(w.ctx, crashing, acme, order)
 	require.ErrorIs(t, err, workflow.ErrCrashed)
 	require.NoError(t, crashing.Store().ExpireLease(w.ctx, acme))
 	_, err = w.engine(workflow.Config{}).Resume(w.ctx, acme)
@@ -137,20 +138,20 @@ func TestZombieIsFencedOut(t *testing.T) {
 	wf := w.checkout()
 	zombie := w.engine(workflow.Config{})
 	go func() {
-		_, err := zombie.Run(w.ctx, acme, wf, order)
+		_, err := wf.Run(w.ctx, zombie, acme, order)
 		zombieDone <- err
 	}()
 	<-stalled
 
 	e := w.engine(workflow.Config{})
 	require.NoError(t, e.Store().ExpireLease(w.ctx, acme))
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, 201, res.Response.Status)
 	require.Equal(t, 2, charges, "the zombie woke while the new owner was in flight")
 	require.Equal(t, 1, w.ledger(), "the zombie's write rolled back")
 	require.Equal(t, 1, w.orders())
-	stored, err := e.Run(w.ctx, acme, wf, order)
+	stored, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, res.Response, stored.Response, "the new owner's result stands")
 }
@@ -246,7 +247,7 @@ func at(step string, err error) func(string) error {
 func crashed(point workflow.CrashPoint) func(w *world, wf *workflow.Workflow[Order, Paid], key workflow.Key) {
 	return func(w *world, wf *workflow.Workflow[Order, Paid], key workflow.Key) {
 		e := w.engine(workflow.Config{Hooks: crashAt(point)})
-		_, err := e.Run(w.ctx, key, wf, order)
+		_, err := wf.Run(w.ctx, e, key, order)
 		require.ErrorIs(w.t, err, workflow.ErrCrashed)
 		require.NoError(w.t, e.Store().ExpireLease(w.ctx, key))
 	}
@@ -316,7 +317,7 @@ func TestCommitBudget(t *testing.T) {
 			setup: crashed(workflow.CrashPoint{Kind: workflow.AfterForeignCall, Step: "f0"}), ran: "FA"},
 		{name: "AA retried after a0 failed", kinds: "AA", end: at("a0", errors.New("transient")),
 			setup: func(w *world, wf *workflow.Workflow[Order, Paid], key workflow.Key) {
-				_, err := w.engine(workflow.Config{}).Run(w.ctx, key, wf, order)
+				_, err := wf.Run(w.ctx, w.engine(workflow.Config{}), key, order)
 				require.ErrorContains(w.t, err, "transient")
 			}, ran: "AA"},
 		{name: "AA resumed after a0", kinds: "AA", resume: true,
@@ -341,7 +342,7 @@ func TestCommitBudget(t *testing.T) {
 		if tc.resume {
 			res, err = e.Resume(w.ctx, key)
 		} else {
-			res, err = e.Run(w.ctx, key, wf, order)
+			res, err = wf.Run(w.ctx, e, key, order)
 		}
 		require.NoError(t, err, tc.name)
 		got := w.counter.Counts().Sub(before)
@@ -360,7 +361,7 @@ func TestCommitBudget(t *testing.T) {
 		version := w.rowVersion(key)
 		w.settled()
 		before = w.counter.Counts()
-		replay, err := e.Run(w.ctx, key, wf, order)
+		replay, err := wf.Run(w.ctx, e, key, order)
 		require.NoError(t, err, tc.name)
 		require.True(t, replay.Replayed, tc.name)
 		require.Equal(t, res.Response, replay.Response, tc.name)
@@ -401,7 +402,7 @@ func TestHeartbeatRenewsLongSteps(t *testing.T) {
 		}),
 	)
 	e := w.engine(workflow.Config{Lease: 2 * time.Second, Hooks: hooks})
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, 200, res.Response.Status)
 }
@@ -434,13 +435,13 @@ func TestHeartbeatLosingLeaseCancelsStep(t *testing.T) {
 	e := w.engine(workflow.Config{Lease: lease, Hooks: hooks})
 	done := make(chan error, 1)
 	go func() {
-		_, err := e.Run(w.ctx, acme, wf, order)
+		_, err := wf.Run(w.ctx, e, acme, order)
 		done <- err
 	}()
 	<-entered
 	// Another process takes the key over.
 	require.NoError(t, e.Store().ExpireLease(w.ctx, acme))
-	_, _, err := e.Store().Takeover(w.ctx, acme, "long")
+	_, _, err := seam.StoreOf(e.Store()).Takeover(w.ctx, acme, "long")
 	require.NoError(t, err)
 
 	err = <-done // the hooks have all run once Run returns
@@ -475,7 +476,7 @@ func TestCancelledCallerReleases(t *testing.T) {
 	ctx, cancel := context.WithCancel(w.ctx)
 	done := make(chan error, 1)
 	go func() {
-		_, err := e.Run(ctx, acme, wf, order)
+		_, err := wf.Run(ctx, e, acme, order)
 		done <- err
 	}()
 	<-entered
@@ -487,7 +488,7 @@ func TestCancelledCallerReleases(t *testing.T) {
 	require.Equal(t, "create_order", rec.RecoveryPoint)
 
 	w.before = nil
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, "create_order", res.ResumedFrom)
 	require.Equal(t, 1, w.orders())
@@ -543,7 +544,7 @@ func TestResumeTakesOverOnlyItsWorkflow(t *testing.T) {
 	}
 	wf := w.checkout()
 	e := w.engine(workflow.Config{})
-	_, err := e.Run(w.ctx, acme, wf, order)
+	_, err := wf.Run(w.ctx, e, acme, order)
 	require.Error(t, err)
 	before, err := e.Store().Load(w.ctx, acme)
 	require.NoError(t, err)

@@ -18,7 +18,7 @@ func TestRunCompletesAndReplays(t *testing.T) {
 	wf := w.checkout()
 	e := w.engine(workflow.Config{})
 
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.False(t, res.Replayed)
 	require.Equal(t, recovery.OutcomeNew, res.Outcome)
@@ -26,7 +26,7 @@ func TestRunCompletesAndReplays(t *testing.T) {
 	require.JSONEq(t, `{"order_id":1,"charge_id":"ch_1","status":"paid"}`, string(res.Response.Body))
 	require.Equal(t, "application/json", res.Response.Header.Get("Content-Type"))
 
-	again, err := e.Run(w.ctx, acme, wf, &order) // a pointer to the request works too
+	again, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.True(t, again.Replayed)
 	require.Equal(t, recovery.OutcomeReplay, again.Outcome)
@@ -56,12 +56,12 @@ func TestRunMismatchAndInFlight(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := e.Run(w.ctx, acme, wf, order)
+		_, err := wf.Run(w.ctx, e, acme, order)
 		done <- err
 	}()
 	<-entered
 
-	_, err := e.Run(w.ctx, acme, wf, order)
+	_, err := wf.Run(w.ctx, e, acme, order)
 	require.ErrorIs(t, err, workflow.ErrInFlight)
 	var inFlight *recovery.InFlightError
 	require.True(t, errors.As(err, &inFlight))
@@ -69,12 +69,12 @@ func TestRunMismatchAndInFlight(t *testing.T) {
 
 	other := order
 	other.Amount = 1
-	_, err = e.Run(w.ctx, acme, wf, other)
+	_, err = wf.Run(w.ctx, e, acme, other)
 	require.ErrorIs(t, err, workflow.ErrMismatch)
 
 	close(release)
 	require.NoError(t, <-done)
-	_, err = e.Run(w.ctx, acme, wf, other)
+	_, err = wf.Run(w.ctx, e, acme, other)
 	require.ErrorIs(t, err, workflow.ErrMismatch, "a finished key with another request is still a mismatch")
 	require.Equal(t, 1, w.provider.Effects("charges"))
 }
@@ -87,7 +87,7 @@ func TestRespondIsStoredAndReplayed(t *testing.T) {
 	e := w.engine(workflow.Config{})
 	declined := Order{Customer: "c-1", Amount: 1999, Card: "decline"}
 
-	res, err := e.Run(w.ctx, acme, wf, declined)
+	res, err := wf.Run(w.ctx, e, acme, declined)
 	require.NoError(t, err)
 	require.Equal(t, 402, res.Response.Status)
 	require.Equal(t, "application/problem+json", res.Response.Header.Get("Content-Type"))
@@ -95,7 +95,7 @@ func TestRespondIsStoredAndReplayed(t *testing.T) {
 		"the phase's writes committed with the response")
 	require.Zero(t, w.ledger())
 
-	replay, err := e.Run(w.ctx, acme, wf, declined)
+	replay, err := wf.Run(w.ctx, e, acme, declined)
 	require.NoError(t, err)
 	require.True(t, replay.Replayed)
 	require.Equal(t, res.Response, replay.Response)
@@ -115,7 +115,7 @@ func TestRejectLeavesNoRecord(t *testing.T) {
 		}
 		return nil
 	}
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.True(t, res.Rejected)
 	require.Equal(t, 422, res.Response.Status)
@@ -123,7 +123,7 @@ func TestRejectLeavesNoRecord(t *testing.T) {
 	require.Zero(t, w.orders())
 
 	rejecting = false
-	res, err = e.Run(w.ctx, acme, wf, order)
+	res, err = wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeNew, res.Outcome, "the same key runs afresh")
 	require.Equal(t, 201, res.Response.Status)
@@ -138,7 +138,7 @@ func TestRejectFromForeignStepBeforeCommit(t *testing.T) {
 		foreignStep("never", func() error { t.Error("the step after a Reject ran"); return nil }),
 	)
 	e := w.engine(workflow.Config{})
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.True(t, res.Rejected)
 	require.Equal(t, 400, res.Response.Status)
@@ -157,11 +157,11 @@ func TestRejectAfterCommitActsAsRespond(t *testing.T) {
 		}
 		return nil
 	}
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.False(t, res.Rejected)
 	require.Equal(t, 409, res.Response.Status)
-	replay, err := e.Run(w.ctx, acme, wf, order)
+	replay, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.True(t, replay.Replayed)
 	require.Equal(t, 409, replay.Response.Status)
@@ -183,7 +183,7 @@ func TestErrorReleasesAndRetryResumes(t *testing.T) {
 		}
 		return nil
 	}
-	_, err := e.Run(w.ctx, acme, wf, order)
+	_, err := wf.Run(w.ctx, e, acme, order)
 	var stepErr *workflow.StepError
 	require.ErrorAs(t, err, &stepErr)
 	require.Equal(t, "record_charge", stepErr.Step)
@@ -199,7 +199,7 @@ func TestErrorReleasesAndRetryResumes(t *testing.T) {
 	require.Contains(t, rec.LastError, "ledger unavailable")
 	require.Zero(t, w.ledger(), "the failed phase's writes rolled back")
 
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeTakeover, res.Outcome)
 	require.Equal(t, "create_order", res.ResumedFrom)
@@ -224,7 +224,7 @@ func TestErrorInFirstPhaseKeepsAResumableRecord(t *testing.T) {
 		}
 		return nil
 	}
-	_, err := e.Run(w.ctx, acme, wf, order)
+	_, err := wf.Run(w.ctx, e, acme, order)
 	require.ErrorContains(t, err, "orders table locked")
 	rec, err := e.Store().Load(w.ctx, acme)
 	require.NoError(t, err)
@@ -233,7 +233,7 @@ func TestErrorInFirstPhaseKeepsAResumableRecord(t *testing.T) {
 	require.Empty(t, rec.RecoveryPoint)
 	require.Zero(t, w.orders())
 
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeTakeover, res.Outcome)
 	require.Equal(t, 201, res.Response.Status)
@@ -252,7 +252,7 @@ func TestPanicIsRecoveredLikeAnError(t *testing.T) {
 		}
 		return nil
 	}
-	_, err := e.Run(w.ctx, acme, wf, order)
+	_, err := wf.Run(w.ctx, e, acme, order)
 	require.ErrorContains(t, err, "nil map in the provider client")
 	rec, err := e.Store().Load(w.ctx, acme)
 	require.NoError(t, err)
@@ -260,7 +260,7 @@ func TestPanicIsRecoveredLikeAnError(t *testing.T) {
 	require.Equal(t, 1, rec.Attempts)
 	require.Equal(t, "create_order", rec.RecoveryPoint)
 
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, 201, res.Response.Status)
 	require.Equal(t, 1, w.orders())
@@ -281,10 +281,10 @@ func TestMaxAttemptsFailsTerminally(t *testing.T) {
 		return nil
 	}
 	for range 2 {
-		_, err := e.Run(w.ctx, acme, wf, order)
+		_, err := wf.Run(w.ctx, e, acme, order)
 		require.ErrorContains(t, err, "provider down")
 	}
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.True(t, res.Failed)
 	require.Equal(t, 500, res.Response.Status)
@@ -296,7 +296,7 @@ func TestMaxAttemptsFailsTerminally(t *testing.T) {
 	require.Equal(t, recovery.StatusFailed, rec.Status)
 	require.Contains(t, rec.LastError, "provider down (3)")
 
-	replay, err := e.Run(w.ctx, acme, wf, order)
+	replay, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.True(t, replay.Replayed)
 	require.True(t, replay.Failed)
@@ -322,7 +322,7 @@ func TestConcurrentRunsExecuteOnce(t *testing.T) {
 	for range 32 {
 		wg.Go(func() {
 			<-start
-			res, err := e.Run(w.ctx, acme, wf, order)
+			res, err := wf.Run(w.ctx, e, acme, order)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -352,19 +352,16 @@ func TestInvalidInputWritesNothing(t *testing.T) {
 	w := newWorld(t)
 	wf := w.checkout()
 	e := w.engine(workflow.Config{})
-	_, err := e.Run(w.ctx, workflow.Key{Tenant: "", ID: "k"}, wf, order)
+	_, err := wf.Run(w.ctx, e, workflow.Key{Tenant: "", ID: "k"}, order)
 	require.ErrorIs(t, err, workflow.ErrInvalidInput)
-	_, err = e.Run(w.ctx, workflow.Key{Tenant: "t", ID: "bad\nkey"}, wf, order)
-	require.ErrorIs(t, err, workflow.ErrInvalidInput)
-	_, err = e.Run(w.ctx, acme, wf, "not an order")
-	require.ErrorIs(t, err, workflow.ErrInvalidInput)
-	_, err = e.Run(w.ctx, acme, wf, (*Order)(nil))
+	_, err = wf.Run(w.ctx, e, workflow.Key{Tenant: "t", ID: "bad\nkey"}, order)
 	require.ErrorIs(t, err, workflow.ErrInvalidInput)
 	require.Zero(t, w.keys())
 	require.Zero(t, w.orders())
 
 	_, err = workflow.NewEngine(w.db, workflow.Config{MaxAttempts: -2})
 	require.ErrorIs(t, err, workflow.ErrInvalidInput)
+	require.NoError(t, e.Register(wf))
 	require.ErrorIs(t, e.Register(w.checkout()), workflow.ErrInvalidInput,
 		"another definition under a registered name")
 }
@@ -385,25 +382,25 @@ func TestRunByAnotherPrincipalIsForbidden(t *testing.T) {
 		}
 		return nil
 	}
-	_, err := e.Run(w.ctx, acme, wf, order, workflow.AsPrincipal("alice"))
+	_, err := wf.Run(w.ctx, e, acme, order, workflow.AsPrincipal("alice"))
 	var stepErr *workflow.StepError
 	require.ErrorAs(t, err, &stepErr)
 
 	others := func(state string) {
 		t.Helper()
 		for _, opts := range [][]workflow.RunOption{{workflow.AsPrincipal("bob")}, nil} {
-			_, err := e.Run(w.ctx, acme, wf, order, opts...)
+			_, err := wf.Run(w.ctx, e, acme, order, opts...)
 			require.ErrorIs(t, err, workflow.ErrForbidden, state)
 		}
 	}
 	others("released")
 	require.Zero(t, w.provider.Effects("charges"), "no other principal resumed the record")
 
-	res, err := e.Run(w.ctx, acme, wf, order, workflow.AsPrincipal("alice"))
+	res, err := wf.Run(w.ctx, e, acme, order, workflow.AsPrincipal("alice"))
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeTakeover, res.Outcome)
 	others("completed")
-	again, err := e.Run(w.ctx, acme, wf, order, workflow.AsPrincipal("alice"))
+	again, err := wf.Run(w.ctx, e, acme, order, workflow.AsPrincipal("alice"))
 	require.NoError(t, err)
 	require.True(t, again.Replayed)
 	require.Equal(t, 1, w.provider.Effects("charges"))

@@ -72,7 +72,7 @@ func TestPhaseTransactionBehavesLikePgxTx(t *testing.T) {
 	}
 	wf := workflow.Define("tx", atomicStep("first", exercise), foreignStep("call", func() error { return nil }),
 		atomicStep("second", firstRow), atomicStep("third", exercise))
-	res, err := w.engine(workflow.Config{}).Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, w.engine(workflow.Config{}), acme, order)
 	require.NoError(t, err)
 	require.Equal(t, 200, res.Response.Status)
 	require.Equal(t, 10, w.ledger(), "each exercising phase committed its rows; the second deleted the first's 'b'")
@@ -86,7 +86,7 @@ func TestPhaseThatWritesNothing(t *testing.T) {
 	idle := func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error { return nil }
 	wf := workflow.Define("idle", foreignStep("call", func() error { return nil }), atomicStep("nothing", idle),
 		atomicStep("nothing_either", idle))
-	res, err := w.engine(workflow.Config{}).Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, w.engine(workflow.Config{}), acme, order)
 	require.NoError(t, err)
 	require.Equal(t, 200, res.Response.Status)
 }
@@ -124,7 +124,7 @@ func TestPhaseCannotEndItsTransaction(t *testing.T) {
 			return workflow.Respond(workflow.Problem(418, "refused"))
 		}))
 	e := w.engine(workflow.Config{})
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, 418, res.Response.Status, "every ending statement was refused")
 	require.Equal(t, 1, w.ledger())
@@ -155,7 +155,7 @@ func TestPhaseThatEndsItsTransactionFailsTheRecord(t *testing.T) {
 			}
 			return nil
 		}}})
-	res, err := e.Run(w.ctx, acme, wf, order)
+	res, err := wf.Run(w.ctx, e, acme, order)
 	if errors.Is(err, workflow.ErrCrashed) {
 		// The attempt got as far as its commit and died there: the retry
 		// below takes over.
@@ -165,7 +165,7 @@ func TestPhaseThatEndsItsTransactionFailsTheRecord(t *testing.T) {
 		require.True(t, res.Failed, "the attempt found its transaction ended and failed the record")
 	}
 	crashed = false
-	res, err = e.Run(w.ctx, acme, wf, order)
+	res, err = wf.Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.True(t, res.Failed)
 	require.Equal(t, 500, res.Response.Status)

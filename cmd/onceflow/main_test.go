@@ -125,7 +125,7 @@ func seedKeys(t *testing.T, url string) {
 	)
 	e, err := workflow.NewEngine(db, workflow.Config{})
 	require.NoError(t, err)
-	_, err = e.Run(ctx, workflow.Key{Tenant: "acme", ID: "done"}, wf, 1)
+	_, err = wf.Run(ctx, e, workflow.Key{Tenant: "acme", ID: "done"}, 1)
 	require.NoError(t, err)
 	crashing, err := workflow.NewEngine(db, workflow.Config{Hooks: &workflow.Hooks{
 		CrashPoint: func(_ context.Context, _ workflow.Key, p workflow.CrashPoint) error {
@@ -137,7 +137,7 @@ func seedKeys(t *testing.T, url string) {
 	}})
 	require.NoError(t, err)
 	for _, id := range []string{"running", "stuck"} {
-		_, err = crashing.Run(ctx, workflow.Key{Tenant: "globex", ID: id}, wf, 2)
+		_, err = wf.Run(ctx, crashing, workflow.Key{Tenant: "globex", ID: id}, 2)
 		require.ErrorIs(t, err, workflow.ErrCrashed)
 	}
 	_, err = db.Exec(ctx, `UPDATE onceflow_keys SET updated_at = now() - interval '3 hours' WHERE key = 'stuck'`)

@@ -81,7 +81,7 @@ func checkoutFloor(db *pgxpool.Pool) op {
 
 func checkoutOnceflow(e *workflow.Engine, wf *workflow.Workflow[Order, Paid], prefix string) op {
 	return func(ctx context.Context, i int64) error {
-		_, err := e.Run(ctx, workflow.Key{Tenant: "bench", ID: fmt.Sprintf("%s%d", prefix, i)}, wf, Order{Amount: 100})
+		_, err := wf.Run(ctx, e, workflow.Key{Tenant: "bench", ID: fmt.Sprintf("%s%d", prefix, i)}, Order{Amount: 100})
 		return err
 	}
 }
@@ -182,7 +182,7 @@ func replayCase(ctx context.Context, srv *server, cfg Config) ([]Result, error) 
 		return nil, err
 	}
 	key := workflow.Key{Tenant: "bench", ID: "done"}
-	first, err := engine.Run(ctx, key, wf, Order{Amount: 100})
+	first, err := wf.Run(ctx, engine, key, Order{Amount: 100})
 	if err != nil {
 		return nil, err
 	}
@@ -205,7 +205,7 @@ func replayCase(ctx context.Context, srv *server, cfg Config) ([]Result, error) 
 		}
 	}
 	viaEngine := func(ctx context.Context, _ int64) error {
-		res, err := engine.Run(ctx, key, wf, Order{Amount: 100})
+		res, err := wf.Run(ctx, engine, key, Order{Amount: 100})
 		if err == nil && !res.Replayed {
 			err = fmt.Errorf("not a replay")
 		}
@@ -223,7 +223,7 @@ func replayCase(ctx context.Context, srv *server, cfg Config) ([]Result, error) 
 		name string
 		fn   op
 		k    workflow.Key
-	}{{"replay through Engine.Run", viaEngine, key}, {"replay through Store.Claim (idemhttp)", viaStore, claimKey}} {
+	}{{"replay through Workflow.Run", viaEngine, key}, {"replay through Store.Claim (idemhttp)", viaStore, claimKey}} {
 		once, fl, err := throughput(ctx, cfg.Rounds, cfg.Round, 1, side.fn, floor(side.k))
 		if err != nil {
 			return nil, err
@@ -276,7 +276,7 @@ func duplicatesCase(ctx context.Context, srv *server, cfg Config) ([]Result, err
 				wg.Go(func() {
 					<-start
 					began := time.Now()
-					res, err := engine.Run(ctx, key, wf, Order{Amount: 1})
+					res, err := wf.Run(ctx, engine, key, Order{Amount: 1})
 					took := time.Since(began)
 					if err != nil || res.Replayed {
 						mu.Lock()

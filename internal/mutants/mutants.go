@@ -90,7 +90,7 @@ var mutants = []Mutant{
 			New: `	if _, err := conn.Exec(ctx, "commit"); err != nil {
 		return err
 	}
-	return s.WithConn(conn).Advance(ctx, f, recoveryPoint, state)`}},
+	return s.withConn(conn).Advance(ctx, f, recoveryPoint, state)`}},
 		Pkg: "./workflow", Run: "^TestAmbiguousCommit$",
 	},
 	{
@@ -102,7 +102,7 @@ var mutants = []Mutant{
 	if _, err := conn.Exec(ctx, "commit"); err != nil {
 		return err
 	}
-	return s.WithConn(conn).finish(ctx, "complete", f, StatusCompleted, resp, nil, point, state)`}},
+	return s.withConn(conn).finish(ctx, "complete", f, StatusCompleted, resp, nil, point, state)`}},
 		Pkg: "./workflow", Run: "^TestAmbiguousCommit$",
 	},
 	{

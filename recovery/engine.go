@@ -1,0 +1,46 @@
+package recovery
+
+import (
+	"context"
+
+	"github.com/onceflow/onceflow/internal/seam/hooks"
+)
+
+// engineStore is the engine's view of a Store: the transitions only
+// onceflow's workflow engine and HTTP middleware make. Package seam hands
+// it to them, so that the Store users see keeps to what users call.
+type engineStore Store
+
+func init() {
+	hooks.Store = func(s any) any { return (*engineStore)(s.(*Store)) }
+}
+
+func (e *engineStore) store() *Store { return (*Store)(e) }
+
+func (e *engineStore) BeginAndClaim(ctx context.Context, conn batchConn, begin string, p ClaimParams) (*Record, Outcome, error) {
+	return e.store().beginAndClaim(ctx, conn, begin, p)
+}
+
+func (e *engineStore) WithConn(conn DBTX) *Store { return e.store().withConn(conn) }
+
+func (e *engineStore) AdvanceAndCommit(ctx context.Context, conn batchConn, f Fence, recoveryPoint string, state []byte) error {
+	return e.store().advanceAndCommit(ctx, conn, f, recoveryPoint, state)
+}
+
+func (e *engineStore) CompleteAndCommit(ctx context.Context, conn batchConn, f Fence, recoveryPoint string, state []byte, resp Response) error {
+	return e.store().completeAndCommit(ctx, conn, f, recoveryPoint, state, resp)
+}
+
+func (e *engineStore) CompleteAfter(ctx context.Context, f Fence, recoveryPoint string, state []byte, resp Response) error {
+	return e.store().completeAfter(ctx, f, recoveryPoint, state, resp)
+}
+
+func (e *engineStore) HandBack(ctx context.Context, f Fence, cause string) error {
+	return e.store().handBack(ctx, f, cause)
+}
+
+func (e *engineStore) Stored(resp Response) Response { return e.store().stored(resp) }
+
+func (e *engineStore) Takeover(ctx context.Context, k Key, workflow string) (*Record, Outcome, error) {
+	return e.store().takeover(ctx, k, workflow)
+}
