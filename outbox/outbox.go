@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/internal/dbschema"
 	"github.com/onceflow/onceflow/recovery"
@@ -43,12 +42,8 @@ func (e *DuplicateError) Error() string {
 func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
 
 // DBTX runs statements: a pgx.Tx (to enqueue with a business change), a
-// *pgxpool.Pool or a *pgx.Conn.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// *pgxpool.Pool or a *pgx.Conn. It is recovery.DBTX.
+type DBTX = recovery.DBTX
 
 // Config says where the outbox tables are.
 type Config struct {

@@ -1,6 +1,7 @@
 package recovery
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -59,6 +60,26 @@ type Config struct {
 	Lease time.Duration
 }
 
+// withDefaults returns cfg with each zero field set to its default.
+func (cfg Config) withDefaults() Config {
+	cfg.Schema = cmp.Or(cfg.Schema, dbschema.Default)
+	if cfg.ResponseHeaders == nil {
+		cfg.ResponseHeaders = DefaultResponseHeaders
+	}
+	cfg.Lease = cmp.Or(cfg.Lease, LeaseDefault)
+	return cfg
+}
+
+// validate reports a setting of cfg, with its defaults filled in, that is
+// out of range.
+func (cfg Config) validate() error {
+	if _, err := dbschema.Resolve(cfg.Schema); err != nil {
+		return err
+	}
+	_, err := leaseMicros(cfg.Lease, LeaseDefault)
+	return err
+}
+
 // Store reads and changes key records.
 type Store struct {
 	db      DBTX
@@ -71,26 +92,18 @@ type Store struct {
 
 // New returns a Store that runs its statements on db.
 func New(db DBTX, cfg Config) (*Store, error) {
-	schema, err := dbschema.Resolve(cfg.Schema)
-	if err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	allow := cfg.ResponseHeaders
-	if allow == nil {
-		allow = DefaultResponseHeaders
-	}
-	lease, err := leaseMicros(cfg.Lease, LeaseDefault)
-	if err != nil {
-		return nil, err
-	}
-	headers := make(map[string]bool, len(allow))
-	for _, h := range allow {
+	headers := make(map[string]bool, len(cfg.ResponseHeaders))
+	for _, h := range cfg.ResponseHeaders {
 		headers[http.CanonicalHeaderKey(h)] = true
 	}
 	for _, h := range neverStored {
 		delete(headers, h)
 	}
-	return &Store{db: db, schema: schema, sql: newQueries(schema), headers: headers, lease: lease}, nil
+	return &Store{db: db, schema: cfg.Schema, sql: newQueries(cfg.Schema), headers: headers, lease: cfg.Lease.Microseconds()}, nil
 }
 
 // WithTx returns a Store whose statements run in tx, so that a transition

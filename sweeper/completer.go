@@ -28,7 +28,9 @@ const (
 
 // CompleterConfig configures a Completer.
 type CompleterConfig struct {
-	// Schema holds onceflow's tables; "" means "public".
+	// Schema holds onceflow's tables, for a completer without an engine;
+	// "" means "public". A completer with an engine reads the engine's
+	// schema: leave it "" then (NewCompleter refuses another schema).
 	Schema string
 
 	// BatchSize is how many records one run resumes at most. 0 means
@@ -53,6 +55,30 @@ type CompleterConfig struct {
 
 	Logger   *slog.Logger
 	Observer Observer
+}
+
+// withDefaults returns cfg with each zero field set to its default.
+func (cfg CompleterConfig) withDefaults() CompleterConfig {
+	cfg.Schema = cmp.Or(cfg.Schema, dbschema.Default)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, CompleteBatchDefault)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, ConcurrencyDefault)
+	cfg.BackoffBase = cmp.Or(cfg.BackoffBase, BackoffBaseDefault)
+	cfg.BackoffMax = cmp.Or(cfg.BackoffMax, BackoffMaxDefault)
+	cfg.ResumeTimeout = cmp.Or(cfg.ResumeTimeout, ResumeTimeoutDefault)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	return cfg
+}
+
+// validate reports a setting of cfg, with its defaults filled in, that is
+// out of range.
+func (cfg CompleterConfig) validate() error {
+	if _, err := dbschema.Resolve(cfg.Schema); err != nil {
+		return err
+	}
+	if cfg.BatchSize < 0 || cfg.Concurrency < 0 || cfg.ResumeTimeout < 0 {
+		return errors.New("sweeper: completer batch size, concurrency and resume timeout must be positive")
+	}
+	return nil
 }
 
 // Completer finishes work whose client went away: it finds records in
@@ -83,22 +109,24 @@ type Completer struct {
 
 type completerSQL struct{ due, abandoned, oldest string }
 
-// NewCompleter returns a completer that resumes through engine. With a nil
-// engine it only reports abandoned records and the oldest one in flight,
-// for deployments whose workflows live in another binary.
+// NewCompleter returns a completer that resumes through engine, in the
+// engine's schema. With a nil engine it only reports abandoned records and
+// the oldest one in flight, in cfg.Schema, for deployments whose workflows
+// live in another binary.
 func NewCompleter(db DBTX, engine *workflow.Engine, cfg CompleterConfig) (*Completer, error) {
-	schema, err := dbschema.Resolve(cfg.Schema)
-	if err != nil {
+	if engine != nil {
+		schema := engine.Store().Schema()
+		if cfg.Schema != "" && cfg.Schema != schema {
+			return nil, fmt.Errorf("sweeper: CompleterConfig.Schema is %q but the engine's schema is %q: a completer with an engine uses the engine's; leave it empty",
+				cfg.Schema, schema)
+		}
+		cfg.Schema = schema
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, CompleteBatchDefault)
-	cfg.Concurrency = cmp.Or(cfg.Concurrency, ConcurrencyDefault)
-	cfg.BackoffBase = cmp.Or(cfg.BackoffBase, BackoffBaseDefault)
-	cfg.BackoffMax = cmp.Or(cfg.BackoffMax, BackoffMaxDefault)
-	cfg.ResumeTimeout = cmp.Or(cfg.ResumeTimeout, ResumeTimeoutDefault)
-	if cfg.BatchSize < 0 || cfg.Concurrency < 0 || cfg.ResumeTimeout < 0 {
-		return nil, errors.New("sweeper: completer batch size, concurrency and resume timeout must be positive")
-	}
+	schema := cfg.Schema
 	return &Completer{
 		db:     db,
 		schema: schema,
@@ -109,7 +137,7 @@ func NewCompleter(db DBTX, engine *workflow.Engine, cfg CompleterConfig) (*Compl
 			abandoned: dbschema.Expand(abandonedSQL, schema),
 			oldest:    dbschema.Expand(oldestSQL, schema),
 		},
-		logger:    cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		logger:    cfg.Logger,
 		observer:  cfg.Observer,
 		abandoned: map[string]int{},
 	}, nil

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/internal/dbschema"
@@ -28,12 +27,8 @@ const (
 	maxTimeouts = 3
 )
 
-// DBTX runs statements; *pgxpool.Pool satisfies it.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// DBTX runs statements; *pgxpool.Pool satisfies it. It is recovery.DBTX.
+type DBTX = recovery.DBTX
 
 // PrunerConfig configures a Pruner.
 type PrunerConfig struct {
@@ -85,6 +80,31 @@ type PrunerConfig struct {
 	Observer Observer
 }
 
+// withDefaults returns cfg with each zero field set to its default.
+func (cfg PrunerConfig) withDefaults() PrunerConfig {
+	cfg.Schema = cmp.Or(cfg.Schema, dbschema.Default)
+	cfg.Retention = cmp.Or(cfg.Retention, RetentionDefault)
+	cfg.OutboxRetention = cmp.Or(cfg.OutboxRetention, cfg.Retention)
+	cfg.ProcessedRetention = cmp.Or(cfg.ProcessedRetention, cfg.OutboxRetention)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, PruneBatchDefault)
+	cfg.QueryTimeout = cmp.Or(cfg.QueryTimeout, QueryTimeoutDefault)
+	cfg.Pause = cmp.Or(cfg.Pause, PauseDefault)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	return cfg
+}
+
+// validate reports a setting of cfg, with its defaults filled in, that is
+// out of range.
+func (cfg PrunerConfig) validate() error {
+	if _, err := dbschema.Resolve(cfg.Schema); err != nil {
+		return err
+	}
+	if cfg.Retention < 0 || cfg.BatchSize < 0 || cfg.QueryTimeout < 0 {
+		return errors.New("sweeper: pruner retention, batch size and query timeout must be positive")
+	}
+	return nil
+}
+
 // Pruner deletes records that finished longer ago than the retention, in
 // bounded, time-boxed batches. It never touches a record in flight.
 type Pruner struct {
@@ -104,25 +124,17 @@ type pruneStatement struct {
 
 // NewPruner returns a pruner.
 func NewPruner(db DBTX, cfg PrunerConfig) (*Pruner, error) {
-	schema, err := dbschema.Resolve(cfg.Schema)
-	if err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	cfg.Retention = cmp.Or(cfg.Retention, RetentionDefault)
-	cfg.OutboxRetention = cmp.Or(cfg.OutboxRetention, cfg.Retention)
-	cfg.ProcessedRetention = cmp.Or(cfg.ProcessedRetention, cfg.OutboxRetention)
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, PruneBatchDefault)
-	cfg.QueryTimeout = cmp.Or(cfg.QueryTimeout, QueryTimeoutDefault)
-	cfg.Pause = cmp.Or(cfg.Pause, PauseDefault)
-	if cfg.Retention < 0 || cfg.BatchSize < 0 || cfg.QueryTimeout < 0 {
-		return nil, errors.New("sweeper: pruner retention, batch size and query timeout must be positive")
-	}
+	schema := cfg.Schema
 	return &Pruner{
 		db:         db,
 		schema:     schema,
 		cfg:        cfg,
 		statements: pruneStatements(cfg, schema),
-		logger:     cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		logger:     cfg.Logger,
 		observer:   cfg.Observer,
 	}, nil
 }

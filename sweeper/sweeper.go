@@ -50,6 +50,29 @@ type Config struct {
 	Observer Observer
 }
 
+// withDefaults returns cfg with each zero field set to its default.
+func (cfg Config) withDefaults() Config {
+	cfg.Jitter = cmp.Or(cfg.Jitter, JitterDefault)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	return cfg
+}
+
+// validate reports a missing task or a schedule that does not parse.
+func (cfg Config) validate() error {
+	if len(cfg.Tasks) == 0 {
+		return errors.New("sweeper: no tasks")
+	}
+	for _, t := range cfg.Tasks {
+		if t.Task == nil {
+			return errors.New("sweeper: a scheduled task is nil")
+		}
+		if _, err := parser.Parse(t.Schedule); err != nil {
+			return fmt.Errorf("sweeper: schedule %q of %s: %w", t.Schedule, t.Task.Name(), err)
+		}
+	}
+	return nil
+}
+
 // Observer is told what a sweeper's tasks do, for metrics. Its methods must
 // be quick and safe for concurrent use.
 type Observer interface {
@@ -86,24 +109,16 @@ var parser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cr
 
 // New checks the schedules and returns a sweeper ready to Start.
 func New(cfg Config) (*Sweeper, error) {
-	if len(cfg.Tasks) == 0 {
-		return nil, errors.New("sweeper: no tasks")
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
-	for _, t := range cfg.Tasks {
-		if t.Task == nil {
-			return nil, errors.New("sweeper: a scheduled task is nil")
-		}
-		if _, err := parser.Parse(t.Schedule); err != nil {
-			return nil, fmt.Errorf("sweeper: schedule %q of %s: %w", t.Schedule, t.Task.Name(), err)
-		}
-	}
-	logger := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	return &Sweeper{
-		cron:     cron.New(cron.WithParser(parser), cron.WithChain(cron.SkipIfStillRunning(cronLogger{logger}))),
-		logger:   logger,
+		cron:     cron.New(cron.WithParser(parser), cron.WithChain(cron.SkipIfStillRunning(cronLogger{cfg.Logger}))),
+		logger:   cfg.Logger,
 		observer: cfg.Observer,
 		tasks:    cfg.Tasks,
-		jitter:   max(cmp.Or(cfg.Jitter, JitterDefault), 0),
+		jitter:   max(cfg.Jitter, 0),
 		stopped:  make(chan struct{}),
 	}, nil
 }

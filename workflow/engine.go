@@ -94,6 +94,31 @@ type Config struct {
 	Clock func() time.Time
 }
 
+// withDefaults returns cfg with each zero field set to its default. The
+// lease, schema and stored headers are the store's to fill
+// (recovery.Config).
+func (cfg Config) withDefaults() Config {
+	cfg.DBTimeout = cmp.Or(cfg.DBTimeout, DBTimeoutDefault)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	return cfg
+}
+
+// validate reports a setting of cfg, with its defaults filled in, that is
+// out of range.
+func (cfg Config) validate() error {
+	if cfg.MaxAttempts < -1 {
+		return fmt.Errorf("%w: MaxAttempts is %d; use -1 for no limit", ErrInvalidInput, cfg.MaxAttempts)
+	}
+	if cfg.DBTimeout < 0 {
+		return fmt.Errorf("%w: DBTimeout is %s", ErrInvalidInput, cfg.DBTimeout)
+	}
+	return nil
+}
+
 // Engine runs workflows under idempotency keys. It is safe for concurrent
 // use; several engines, in one process or many, may share a database.
 type Engine struct {
@@ -139,31 +164,26 @@ type Result struct {
 // migrated, every Run and Resume fails with ErrNotMigrated and runs
 // nothing.
 func NewEngine(db DB, cfg Config) (*Engine, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
 	store, err := recovery.New(db, recovery.Config{
 		Schema: cfg.Schema, ResponseHeaders: cfg.ResponseHeaders, Lease: cfg.Lease,
 	})
 	if err != nil {
 		return nil, err
 	}
-	if cfg.MaxAttempts < -1 {
-		return nil, fmt.Errorf("%w: MaxAttempts is %d; use -1 for no limit", ErrInvalidInput, cfg.MaxAttempts)
-	}
-	if cfg.DBTimeout < 0 {
-		return nil, fmt.Errorf("%w: DBTimeout is %s", ErrInvalidInput, cfg.DBTimeout)
-	}
 	e := &Engine{
 		db:          db,
 		store:       store,
 		lease:       store.Lease(),
-		dbTimeout:   cmp.Or(cfg.DBTimeout, DBTimeoutDefault),
-		maxAttempts: cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault),
-		logger:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		dbTimeout:   cfg.DBTimeout,
+		maxAttempts: cfg.MaxAttempts,
+		logger:      cfg.Logger,
 		observer:    cfg.Observer,
 		now:         cfg.Clock,
 		workflows:   map[string]Definition{},
-	}
-	if e.now == nil {
-		e.now = time.Now
 	}
 	if cfg.Hooks != nil {
 		e.hooks = *cfg.Hooks

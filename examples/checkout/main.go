@@ -18,6 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
 
@@ -64,7 +65,7 @@ onceflow command (onceflow keys list, onceflow outbox list).`,
 	flags.StringVar(&f.addr, "addr", "127.0.0.1:8080", "address to listen on")
 	flags.StringVar(&f.databaseURL, "database-url", "", "PostgreSQL URL (default: a throwaway PostgreSQL started for this run)")
 	flags.StringVar(&f.providerURL, "provider-url", "", "payment provider URL (default: a fake provider started in-process)")
-	flags.DurationVar(&f.lease, "lease", 30*time.Second, "how long an attempt holds a checkout's key")
+	flags.DurationVar(&f.lease, "lease", recovery.LeaseDefault, "how long an attempt holds a checkout's key")
 	flags.DurationVar(&f.dbTimeout, "db-timeout", workflow.DBTimeoutDefault, "how long a request waits for a connection and its claim before it is answered 503")
 	flags.DurationVar(&f.sweepEvery, "sweep-every", 10*time.Second, "how often the sweeper finishes abandoned checkouts and sends receipts")
 	flags.StringVar(&f.crashAfter, "crash-after", "", "exit at once (code 3) right after this step: create_order, charge or record_charge")
