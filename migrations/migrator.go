@@ -1,6 +1,7 @@
 package migrations
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -44,6 +45,19 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// withDefaults returns cfg with each zero field set to its default.
+func (cfg Config) withDefaults() Config {
+	cfg.Schema = cmp.Or(cfg.Schema, dbschema.Default)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	return cfg
+}
+
+// validate reports a schema name that breaks the naming rules.
+func (cfg Config) validate() error {
+	_, err := dbschema.Resolve(cfg.Schema)
+	return err
+}
+
 // Migrator applies and reverts migrations on one database schema.
 type Migrator struct {
 	db      Beginner
@@ -62,14 +76,11 @@ type Status struct {
 
 // New returns a Migrator for the schema in cfg.
 func New(db Beginner, cfg Config) (*Migrator, error) {
-	schema, err := dbschema.Resolve(cfg.Schema)
-	if err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	schema, logger := cfg.Schema, cfg.Logger
 	h := fnv.New64a()
 	h.Write([]byte("onceflow.migrate." + schema))
 	return &Migrator{

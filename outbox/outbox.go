@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -51,6 +52,18 @@ type Config struct {
 	Schema string
 }
 
+// withDefaults returns cfg with each zero field set to its default.
+func (cfg Config) withDefaults() Config {
+	cfg.Schema = cmp.Or(cfg.Schema, dbschema.Default)
+	return cfg
+}
+
+// validate reports a schema name that breaks the naming rules.
+func (cfg Config) validate() error {
+	_, err := dbschema.Resolve(cfg.Schema)
+	return err
+}
+
 // Outbox writes and inspects messages.
 type Outbox struct {
 	sql *queries
@@ -58,11 +71,11 @@ type Outbox struct {
 
 // New returns an Outbox for the schema in cfg.
 func New(cfg Config) (*Outbox, error) {
-	schema, err := dbschema.Resolve(cfg.Schema)
-	if err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Outbox{sql: newQueries(schema)}, nil
+	return &Outbox{sql: newQueries(cfg.Schema)}, nil
 }
 
 // Message is a side effect to deliver at least once.

@@ -81,6 +81,37 @@ type RelayConfig struct {
 	Observer Observer
 }
 
+// withDefaults returns cfg with each zero field set to its default.
+func (cfg RelayConfig) withDefaults() RelayConfig {
+	cfg.Schema = cmp.Or(cfg.Schema, dbschema.Default)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, BatchSizeDefault)
+	cfg.Lease = cmp.Or(cfg.Lease, LeaseDefault)
+	cfg.HandlerTimeout = cmp.Or(cfg.HandlerTimeout, cfg.Lease/2)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault)
+	if cfg.Backoff == nil {
+		cfg.Backoff = Backoff
+	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	return cfg
+}
+
+// validate reports a setting of cfg, with its defaults filled in, that is
+// out of range, or a relay with no handler.
+func (cfg RelayConfig) validate() error {
+	if _, err := dbschema.Resolve(cfg.Schema); err != nil {
+		return err
+	}
+	if len(cfg.Handlers) == 0 {
+		return fmt.Errorf("%w: a relay needs at least one handler", ErrInvalidInput)
+	}
+	if cfg.BatchSize < 0 || cfg.Lease < time.Millisecond || cfg.MaxAttempts < 1 ||
+		cfg.HandlerTimeout <= 0 || cfg.HandlerTimeout > cfg.Lease {
+		return fmt.Errorf("%w: relay batch size, lease, handler timeout (at most the lease) and max attempts must be positive",
+			ErrInvalidInput)
+	}
+	return nil
+}
+
 // Backoff is the default retry wait after the attempt-th failure: one second
 // doubled per attempt, at most an hour, within ±20% at random so that
 // failures spread out.
@@ -109,31 +140,16 @@ type Stats struct {
 
 // NewRelay returns a relay for the topics in cfg.Handlers.
 func NewRelay(db DBTX, cfg RelayConfig) (*Relay, error) {
-	schema, err := dbschema.Resolve(cfg.Schema)
-	if err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
-	}
-	if len(cfg.Handlers) == 0 {
-		return nil, fmt.Errorf("%w: a relay needs at least one handler", ErrInvalidInput)
-	}
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, BatchSizeDefault)
-	cfg.Lease = cmp.Or(cfg.Lease, LeaseDefault)
-	cfg.HandlerTimeout = cmp.Or(cfg.HandlerTimeout, cfg.Lease/2)
-	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, MaxAttemptsDefault)
-	if cfg.Backoff == nil {
-		cfg.Backoff = Backoff
-	}
-	if cfg.BatchSize < 0 || cfg.Lease < time.Millisecond || cfg.MaxAttempts < 1 ||
-		cfg.HandlerTimeout <= 0 || cfg.HandlerTimeout > cfg.Lease {
-		return nil, fmt.Errorf("%w: relay batch size, lease, handler timeout (at most the lease) and max attempts must be positive",
-			ErrInvalidInput)
 	}
 	return &Relay{
 		db:     db,
 		cfg:    cfg,
 		topics: slices.Sorted(maps.Keys(cfg.Handlers)),
-		sql:    newQueries(schema),
-		logger: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		sql:    newQueries(cfg.Schema),
+		logger: cfg.Logger,
 	}, nil
 }
 
