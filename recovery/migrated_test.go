@@ -46,9 +46,20 @@ func TestNotMigrated(t *testing.T) {
 		db := dbtest.Connect(t, dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true}), 4)
 		m, err := migrations.New(db, migrations.Config{})
 		require.NoError(t, err)
-		_, err = m.To(ctx, migrations.Latest()-1) // before the claim took a principal
+		_, err = m.To(ctx, 7) // before the claim took a principal (0008)
 		require.NoError(t, err)
 		requireNotMigrated(t, setupWith(t, db), "public")
+	})
+	t.Run("no takeover function", func(t *testing.T) {
+		t.Parallel()
+		db := dbtest.Connect(t, dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true}), 4)
+		m, err := migrations.New(db, migrations.Config{})
+		require.NoError(t, err)
+		_, err = m.To(ctx, 8) // before the takeover rule was a function (0009)
+		require.NoError(t, err)
+		_, _, err = setupWith(t, db).store.Takeover(ctx, key, "checkout")
+		require.ErrorIs(t, err, recovery.ErrNotMigrated)
+		require.ErrorContains(t, err, "onceflow migrate up")
 	})
 	t.Run("missing column", func(t *testing.T) {
 		b := setup(t)

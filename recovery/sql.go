@@ -16,8 +16,8 @@ const (
 
 // claimSQL decides a claim in one round trip and returns one row: the
 // record as it now is, how it was reached, and the database clock. The
-// decision is the function onceflow_claim's (migrations 0005 and 0006 say how
-// it decides): it reads the row first and writes only when the key is
+// decision is the function onceflow_claim's (migrations 0005, 0006 and 0009
+// say how it decides; the takeover rule is onceflow_may_take_over's): it reads the row first and writes only when the key is
 // absent or may be taken over, so a replay, or a claim of a key held by a
 // valid lease, writes nothing. It returns no row only when a concurrent
 // first claim committed after its read and holds a valid lease; Claim then
@@ -36,34 +36,24 @@ SELECT ` + recordColumns + `, CASE WHEN id = $3 THEN 1 WHEN owner = $7 THEN 2
     WHEN coalesce(principal_hash, sha256(convert_to(tenant_id, 'UTF8'))) <> $10 THEN 4 ELSE 3 END, clock_timestamp()
 FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid, $8::bigint, $9::text, $10::bytea) c`
 
-// takeoverSet mints the new owner ({owner}) and lease ({lease}, in
-// microseconds). A lease that ran out without being released ('-infinity')
-// belonged to an attempt that stopped: count it and say so ({abandoned}).
-// The claim function (migrations 0005, 0006) writes the same assignments.
-const takeoverSet = `
-        owner = {owner}::uuid,
-        locked_until = clock_timestamp() + {lease}::bigint * interval '1 microsecond',
-        updated_at = clock_timestamp(),
-        attempts = k.attempts + (k.locked_until <> '-infinity')::int,
-        last_error = CASE WHEN k.locked_until = '-infinity' THEN k.last_error ELSE {abandoned} END`
-
 // takeoverSQL takes over an expired lease whatever the fingerprint, for work
-// resumed from its stored request. Like claimSQL it returns the record and
-// how it was reached: 2 taken over, 3 left as it was (finished, or held by
-// a valid lease). No row means no record.
+// resumed from its stored request. The rule and what a takeover writes are
+// the database's, written once for the claim and this statement: the
+// function onceflow_take_over (migration 0009), here with no fingerprint
+// and no principal to match. Like claimSQL it returns the record and how it
+// was reached: 2 taken over, 3 left as it was (finished, held by a valid
+// lease, or of another workflow). No row means no record.
 //
 // Parameters: $1 tenant, $2 key, $3 new owner, $4 lease in microseconds, $5
 // the error recorded for an abandoned lease, $6 the workflow the record must
-// belong to (a record of another workflow is returned untouched).
+// belong to.
 var takeoverSQL = `
 WITH existing AS (
     SELECT ` + recordColumns + ` FROM {keys} WHERE tenant_id = $1 AND key = $2
 ),
 taken AS (
-    UPDATE {keys} AS k SET ` + strings.NewReplacer("{owner}", "$3", "{lease}", "$4", "{abandoned}", "$5").Replace(takeoverSet) + `
-    WHERE k.tenant_id = $1 AND k.key = $2 AND k.status = 'in_flight' AND k.locked_until < clock_timestamp()
-      AND k.workflow = $6
-    RETURNING ` + recordColumns + `
+    SELECT ` + recordColumns + `
+    FROM {schema}.onceflow_take_over($1::text, $2::text, $6::text, NULL, NULL, $3::uuid, $4::bigint, $5::text)
 )
 SELECT ` + recordColumns + `, 2, clock_timestamp() FROM taken
 UNION ALL

@@ -10,18 +10,17 @@ const unfenced = "tenant_id = $1 AND key = $2 AND $3::uuid IS NOT NULL AND statu
 var mutants = []Mutant{
 	{
 		Name:   "claim-not-atomic",
-		Breaks: "the claim's ON CONFLICT takes over a record whose lease is valid",
-		Edits: []Edit{{File: "migrations/sql/0008_claim_principal.up.sql",
-			Old: `    WHERE k.status = 'in_flight' AND k.locked_until < clock_timestamp()
-      AND k.request_hash = EXCLUDED.request_hash`,
-			New: `    WHERE k.status = 'in_flight'
-      AND k.request_hash = EXCLUDED.request_hash`}},
+		Breaks: "a takeover's write does not check the rule again, so a claim that read the key absent takes over the concurrent first claim",
+		Edits: []Edit{{File: "migrations/sql/0009_takeover_function.up.sql",
+			Old: `    WHERE k.tenant_id = p_tenant AND k.key = p_key
+      AND {schema}.onceflow_may_take_over(k, p_workflow, p_hash, p_principal)`,
+			New: `    WHERE k.tenant_id = p_tenant AND k.key = p_key`}},
 		Pkg: "./recovery", Run: "^TestConcurrentClaimsOneWinner$",
 	},
 	{
 		Name:   "lock-timeout-removed",
 		Breaks: "a duplicate's claim waits on the first claim's row lock for its whole first phase",
-		Edits: []Edit{{File: "migrations/sql/0008_claim_principal.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0009_takeover_function.up.sql",
 			Old: "    PERFORM set_config('lock_timeout', '10ms', true);\n", New: ""}},
 		Pkg: "./workflow", Run: "^TestDuplicateDoesNotWaitForTheFirstPhase$",
 	},
@@ -116,7 +115,7 @@ var mutants = []Mutant{
 	{
 		Name:   "tenant-dropped",
 		Breaks: "the claim reads a key's record whatever its tenant",
-		Edits: []Edit{{File: "migrations/sql/0008_claim_principal.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0009_takeover_function.up.sql",
 			Old: "WHERE k.tenant_id = p_tenant AND k.key = p_key;",
 			New: "WHERE k.key = p_key;"}},
 		Pkg: "./recovery", Run: "^TestTenantsAreIsolated$",
@@ -146,10 +145,10 @@ var mutants = []Mutant{
 	},
 	{
 		Name:   "takeover-ignores-lease",
-		Breaks: "a sweeper's takeover does not wait for the lease to end",
-		Edits: []Edit{{File: "recovery/sql.go",
-			Old: "k.status = 'in_flight' AND k.locked_until < clock_timestamp()\n      AND k.workflow = $6",
-			New: "k.status = 'in_flight'\n      AND k.workflow = $6"}},
+		Breaks: "a takeover does not wait for the lease to end",
+		Edits: []Edit{{File: "migrations/sql/0009_takeover_function.up.sql",
+			Old: "k.status = 'in_flight' AND k.locked_until < clock_timestamp() AND k.workflow = p_workflow",
+			New: "k.status = 'in_flight' AND k.workflow = p_workflow"}},
 		Pkg: "./sweeper", Run: "^TestTwoSweepersCompleteEachRecordOnce$",
 	},
 	{
