@@ -184,7 +184,7 @@ func TestAttackReplayToAnotherPrincipal(t *testing.T) {
 // TestAttackReplayToAnotherPrincipalOfAWorkflow: the same through Workflow
 // and the engine.
 func TestAttackReplayToAnotherPrincipalOfAWorkflow(t *testing.T) {
-	s := newWorkflowServerWith(t, idemhttp.Config{Tenant: byToken(false), Principal: byToken(true)})
+	s := newWorkflowServerWith(t, idemhttp.WorkflowConfig{Tenant: byToken(false), Principal: byToken(true)})
 	first := s.send("POST", "/v1/charges", as("tok-alice", "k1"), `{"amount_cents": 500}`)
 	require.Equal(t, http.StatusCreated, first.status, first.body)
 	other := s.send("POST", "/v1/charges", as("tok-bob", "k1"), `{"amount_cents": 500}`)

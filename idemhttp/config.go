@@ -36,8 +36,8 @@ const MaxResponseDefault = 1 << 20
 // names. The fingerprint still covers the method and the path.
 const UnmatchedOperation = "unmatched route"
 
-// Config configures Middleware and Workflow. Tenant is required; the other
-// fields have documented defaults.
+// Config configures Middleware (Workflow takes a WorkflowConfig). Tenant is
+// required; the other fields have documented defaults.
 //
 // The middleware decides who may see a stored response: only a request
 // whose Tenant and Principal are those of the request that made the record
@@ -49,7 +49,7 @@ type Config struct {
 
 	// Tenant says whose request it is, as your authentication established
 	// it; keys are scoped by it, so two tenants never share a record.
-	// Required: Middleware and Workflow return an error without it. An
+	// Required: Middleware returns ErrNoTenant without it. An
 	// error (or an empty tenant) is 401, unless the error is a
 	// *RequestError, whose status and detail are used. Behind a proxy that
 	// authenticates and sets a header, use TenantFromTrustedHeader.
@@ -114,8 +114,7 @@ type Config struct {
 	// (taking a connection and claiming the key) and taking the connection
 	// for Tx: past it, the answer is 503 with Retry-After and the handler
 	// does not run. 0 means workflow.DBTimeoutDefault (5s). Also set the
-	// pool's connect_timeout. idemhttp.Workflow takes it from the engine's
-	// Config instead.
+	// pool's connect_timeout.
 	DBTimeout time.Duration
 
 	// ResponseHeaders are the response headers stored and replayed. nil
@@ -128,6 +127,42 @@ type Config struct {
 
 	// Observer, if set, is told of every claim (metrics.Metrics is one).
 	Observer workflow.Observer
+}
+
+// withDefaults returns cfg with each zero field set to its default. The
+// schema, lease and stored headers are the store's to fill
+// (recovery.Config).
+func (cfg Config) withDefaults() Config {
+	shared := cfg.shared().withDefaults()
+	cfg.MaxBody, cfg.BodyTimeout, cfg.Logger = shared.MaxBody, shared.BodyTimeout, shared.Logger
+	cfg.MaxResponse = cmp.Or(cfg.MaxResponse, MaxResponseDefault)
+	cfg.DBTimeout = cmp.Or(cfg.DBTimeout, workflow.DBTimeoutDefault)
+	if cfg.Operation == nil {
+		cfg.Operation = routeOf
+	}
+	if cfg.Store == nil {
+		cfg.Store = StoreDefault
+	}
+	return cfg
+}
+
+// validate reports a missing Tenant or a bound, with its default filled in,
+// that is negative.
+func (cfg Config) validate() error {
+	if err := cfg.shared().validate(); err != nil {
+		return err
+	}
+	if cfg.DBTimeout < 0 || cfg.MaxResponse < 0 {
+		return fmt.Errorf("%w: MaxResponse (%d) and DBTimeout (%s) must not be negative",
+			recovery.ErrInvalidInput, cfg.MaxResponse, cfg.DBTimeout)
+	}
+	return nil
+}
+
+// shared returns the fields of cfg that Workflow has too.
+func (cfg Config) shared() WorkflowConfig {
+	return WorkflowConfig{Tenant: cfg.Tenant, Principal: cfg.Principal, MaxBody: cfg.MaxBody,
+		BodyTimeout: cfg.BodyTimeout, Logger: cfg.Logger}
 }
 
 // StoreDefault is the default Config.Store. It stores every final response
@@ -173,29 +208,18 @@ type core struct {
 	notMigratedLogged atomic.Bool
 }
 
-func newCore(cfg Config) (*core, error) {
-	if cfg.Tenant == nil {
-		return nil, ErrNoTenant
-	}
-	if cfg.MaxBody < 0 || cfg.DBTimeout < 0 || cfg.BodyTimeout < 0 || cfg.MaxResponse < 0 {
-		return nil, fmt.Errorf("%w: MaxBody (%d), MaxResponse (%d), BodyTimeout (%s) and DBTimeout (%s) must not be negative",
-			recovery.ErrInvalidInput, cfg.MaxBody, cfg.MaxResponse, cfg.BodyTimeout, cfg.DBTimeout)
-	}
-	c := &core{
+// newCore returns the core of a handler configured by cfg, its defaults
+// filled in; a middleware sets the rest.
+func newCore(cfg WorkflowConfig) *core {
+	return &core{
 		tenant:      cfg.Tenant,
 		principal:   cfg.Principal,
-		operation:   cfg.Operation,
-		maxBody:     cmp.Or(cfg.MaxBody, MaxBodyDefault),
-		bodyTimeout: cmp.Or(cfg.BodyTimeout, BodyTimeoutDefault),
-		dbTimeout:   cmp.Or(cfg.DBTimeout, workflow.DBTimeoutDefault),
-		optional:    cfg.KeyOptional,
-		logger:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
-		observer:    cfg.Observer,
+		operation:   routeOf,
+		maxBody:     cfg.MaxBody,
+		bodyTimeout: cfg.BodyTimeout,
+		dbTimeout:   workflow.DBTimeoutDefault,
+		logger:      cfg.Logger,
 	}
-	if c.operation == nil {
-		c.operation = routeOf
-	}
-	return c, nil
 }
 
 // routeOf names a request by its ServeMux pattern, "POST /v1/checkouts", or

@@ -160,7 +160,7 @@ func ExampleWorkflow() {
 	if err != nil {
 		panic(err)
 	}
-	orders, err := idemhttp.Workflow(engine, checkout, idemhttp.Config{
+	orders, err := idemhttp.Workflow(engine, checkout, idemhttp.WorkflowConfig{
 		Tenant: func(r *http.Request) (string, error) {
 			tenant, ok := r.Context().Value(tenantKey{}).(string)
 			if !ok {

@@ -556,7 +556,7 @@ func newWorkflowRig(f *testing.F) *workflowRig {
 	).Finish(func(s *fuzzReceipt) workflow.Response { return workflow.JSON(http.StatusCreated, s) })
 	engine, err := workflow.NewEngine(rig.db, workflow.Config{})
 	require.NoError(f, err)
-	h, err := idemhttp.Workflow(engine, wf, idemhttp.Config{Tenant: trustedTenant})
+	h, err := idemhttp.Workflow(engine, wf, idemhttp.WorkflowConfig{Tenant: trustedTenant})
 	require.NoError(f, err)
 	srv := httptest.NewServer(h)
 	f.Cleanup(srv.Close)

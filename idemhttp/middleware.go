@@ -2,7 +2,6 @@ package idemhttp
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -52,18 +51,17 @@ const cleanupTimeout = 10 * time.Second
 //
 // It returns ErrNoTenant when cfg.Tenant is nil.
 func Middleware(db workflow.DB, cfg Config) (func(http.Handler) http.Handler, error) {
-	c, err := newCore(cfg)
-	if err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	store, err := recovery.New(db, recovery.Config{Schema: cfg.Schema, ResponseHeaders: cfg.ResponseHeaders, Lease: cfg.Lease})
 	if err != nil {
 		return nil, err
 	}
-	m := &middleware{core: c, db: db, store: store, stores: cfg.Store, maxResponse: cmp.Or(cfg.MaxResponse, MaxResponseDefault)}
-	if m.stores == nil {
-		m.stores = StoreDefault
-	}
+	c := newCore(cfg.shared())
+	c.operation, c.dbTimeout, c.optional, c.observer = cfg.Operation, cfg.DBTimeout, cfg.KeyOptional, cfg.Observer
+	m := &middleware{core: c, db: db, store: store, stores: cfg.Store, maxResponse: cfg.MaxResponse}
 	return func(next http.Handler) http.Handler {
 		h := *m
 		h.next = next

@@ -37,7 +37,7 @@ func TestNotMigrated(t *testing.T) {
 		ran.Add(1)
 		return nil
 	})).Finish(func(s *Paid) workflow.Response { return workflow.JSON(http.StatusCreated, s) })
-	wh, err := idemhttp.Workflow(engine, wf, cfg)
+	wh, err := idemhttp.Workflow(engine, wf, idemhttp.WorkflowConfig{Tenant: cfg.Tenant, Logger: cfg.Logger})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/charges", mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran.Add(1) })))

@@ -185,7 +185,7 @@ func newStorm(t *testing.T) *storm {
 		Hooks:       &workflow.Hooks{CrashPoint: s.crashPoint},
 	})
 	require.NoError(t, err)
-	h, err := idemhttp.Workflow(s.engine, s.wf, idemhttp.Config{Tenant: trustedTenant})
+	h, err := idemhttp.Workflow(s.engine, s.wf, idemhttp.WorkflowConfig{Tenant: trustedTenant})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/storm", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -2,9 +2,11 @@ package idemhttp
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"reflect"
@@ -20,6 +22,52 @@ type Validator interface {
 	Validate() error
 }
 
+// WorkflowConfig configures Workflow: who makes a request and how its body
+// is read. Tenant is required; the other fields have documented defaults.
+// The fields mean what Config's of the same names mean.
+type WorkflowConfig struct {
+	// Tenant says whose request it is, as your authentication established
+	// it; keys are scoped by it. Required. See Config.Tenant.
+	Tenant func(*http.Request) (string, error)
+
+	// Principal says who, within the tenant, makes the request; it is
+	// passed to the engine with workflow.AsPrincipal. nil means the tenant
+	// alone. See Config.Principal.
+	Principal func(*http.Request) (string, error)
+
+	// MaxBody is the largest request body, in bytes; a larger one is 413.
+	// 0 means MaxBodyDefault.
+	MaxBody int64
+
+	// BodyTimeout bounds reading the request body (408 past it). 0 means
+	// BodyTimeoutDefault. See Config.BodyTimeout.
+	BodyTimeout time.Duration
+
+	// Logger receives runs that failed for want of the database. nil
+	// discards them.
+	Logger *slog.Logger
+}
+
+// withDefaults returns cfg with each zero field set to its default.
+func (cfg WorkflowConfig) withDefaults() WorkflowConfig {
+	cfg.MaxBody = cmp.Or(cfg.MaxBody, MaxBodyDefault)
+	cfg.BodyTimeout = cmp.Or(cfg.BodyTimeout, BodyTimeoutDefault)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	return cfg
+}
+
+// validate reports a missing Tenant or a negative bound.
+func (cfg WorkflowConfig) validate() error {
+	if cfg.Tenant == nil {
+		return ErrNoTenant
+	}
+	if cfg.MaxBody < 0 || cfg.BodyTimeout < 0 {
+		return fmt.Errorf("%w: MaxBody (%d) and BodyTimeout (%s) must not be negative",
+			recovery.ErrInvalidInput, cfg.MaxBody, cfg.BodyTimeout)
+	}
+	return nil
+}
+
 // Workflow returns a handler that runs wf for each request: it decodes the
 // JSON body into a Req (strictly: unknown fields are 400, and field names
 // match exactly, so "Amount" is unknown where the field is "amount"),
@@ -29,21 +77,21 @@ type Validator interface {
 // failure is 500 and the key stays resumable: a retry with the same key, or
 // the sweeper, finishes the work.
 //
-// Of cfg, Tenant (required: without it, ErrNoTenant), Principal (passed to
-// the engine with workflow.AsPrincipal), MaxBody, BodyTimeout and Logger
-// apply; the engine's own Config governs the rest (schema, lease, stored
-// headers, observer). The key is always required, and the fingerprint is
+// cfg.Tenant is required (without it, ErrNoTenant); the engine's own
+// Config governs the rest (schema, lease, stored headers, database
+// timeout, observer). The key is always required, and the fingerprint is
 // the workflow's name and the decoded request: carry what the path says in
 // the body.
 //
 // On a database nobody migrated for the engine, every request is 503 and
 // the first one logs an error naming the command to run (see
 // workflow.NewEngine).
-func Workflow[Req, State any](engine *workflow.Engine, wf *workflow.Workflow[Req, State], cfg Config) (http.Handler, error) {
-	c, err := newCore(cfg)
-	if err != nil {
+func Workflow[Req, State any](engine *workflow.Engine, wf *workflow.Workflow[Req, State], cfg WorkflowConfig) (http.Handler, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	c := newCore(cfg)
 	if err := engine.Register(wf); err != nil {
 		return nil, err
 	}

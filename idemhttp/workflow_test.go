@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/idemhttp"
 	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
 
@@ -47,12 +48,12 @@ type gate struct{ entered, release chan struct{} }
 
 func newWorkflowServer(t *testing.T) *workflowServer {
 	t.Helper()
-	return newWorkflowServerWith(t, idemhttp.Config{Tenant: trustedTenant})
+	return newWorkflowServerWith(t, idemhttp.WorkflowConfig{Tenant: trustedTenant})
 }
 
 // newWorkflowServerWith is newWorkflowServer with the handler configured by
 // cfg.
-func newWorkflowServerWith(t *testing.T, cfg idemhttp.Config) *workflowServer {
+func newWorkflowServerWith(t *testing.T, cfg idemhttp.WorkflowConfig) *workflowServer {
 	t.Helper()
 	t.Parallel()
 	s := &workflowServer{server: &server{t: t, db: dbtest.NewPool(t, 16)}, block: make(chan gate, 1)}
@@ -166,4 +167,20 @@ func TestWorkflowHandlerNeedsKeyAndTenant(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	require.Equal(t, 400, resp.StatusCode, string(body))
+}
+
+// TestWorkflowConfigIsChecked: Workflow refuses a config without a tenant
+// or with a negative bound before it registers anything.
+func TestWorkflowConfigIsChecked(t *testing.T) {
+	t.Parallel()
+	engine, err := workflow.NewEngine(nil, workflow.Config{})
+	require.NoError(t, err)
+	wf := workflow.Define("config-checked", phase.Atomic("only", func(context.Context, pgx.Tx, *phase.Run[Payment, Paid]) error {
+		return nil
+	})).Finish(func(s *Paid) workflow.Response { return workflow.JSON(http.StatusCreated, s) })
+	_, err = idemhttp.Workflow(engine, wf, idemhttp.WorkflowConfig{})
+	require.ErrorIs(t, err, idemhttp.ErrNoTenant, "the tenant has no default")
+	_, err = idemhttp.Workflow(engine, wf, idemhttp.WorkflowConfig{Tenant: trustedTenant, BodyTimeout: -1})
+	require.ErrorIs(t, err, recovery.ErrInvalidInput)
+	require.Empty(t, engine.Workflows(), "nothing was registered")
 }

@@ -96,7 +96,7 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	checkouts, err := idemhttp.Workflow(engine, checkout, idemhttp.Config{Logger: logger, Tenant: authenticatedTenant})
+	checkouts, err := idemhttp.Workflow(engine, checkout, idemhttp.WorkflowConfig{Logger: logger, Tenant: authenticatedTenant})
 	if err != nil {
 		return err
 	}

@@ -90,15 +90,15 @@ func main() {
 		token = rand.Text()
 		fmt.Printf("export QUICKSTART_TOKEN=%s\n", token)
 	}
-	cfg := idemhttp.Config{Tenant: func(r *http.Request) (string, error) { // your authentication here
+	tenant := func(r *http.Request) (string, error) { // your authentication here
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte("Bearer "+token)) != 1 {
 			return "", errors.New("send Authorization: Bearer $QUICKSTART_TOKEN")
 		}
 		return "demo", nil
-	}}
-	orders, err := idemhttp.Workflow(engine, checkout, cfg)
+	}
+	orders, err := idemhttp.Workflow(engine, checkout, idemhttp.WorkflowConfig{Tenant: tenant})
 	check(err)
-	idempotent, err := idemhttp.Middleware(pool, cfg)
+	idempotent, err := idemhttp.Middleware(pool, idemhttp.Config{Tenant: tenant})
 	check(err)
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/orders", orders)
