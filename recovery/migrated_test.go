@@ -57,7 +57,7 @@ func TestNotMigrated(t *testing.T) {
 		require.NoError(t, err)
 		_, err = m.To(ctx, 8) // before the takeover rule was a function (0009)
 		require.NoError(t, err)
-		_, _, err = setupWith(t, db).store.Takeover(ctx, key, "checkout")
+		_, _, err = seam.StoreOf(setupWith(t, db).store).Takeover(ctx, key, "checkout")
 		require.ErrorIs(t, err, recovery.ErrNotMigrated)
 		require.ErrorContains(t, err, "onceflow migrate up")
 	})

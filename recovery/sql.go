@@ -17,9 +17,10 @@ const (
 // claimSQL decides a claim in one round trip and returns one row: the
 // record as it now is, how it was reached, and the database clock. The
 // decision is the function onceflow_claim's (migrations 0005, 0006 and 0009
-// say how it decides; the takeover rule is onceflow_may_take_over's): it reads the row first and writes only when the key is
-// absent or may be taken over, so a replay, or a claim of a key held by a
-// valid lease, writes nothing. It returns no row only when a concurrent
+// say how it decides; the takeover rule is onceflow_may_take_over's): it
+// reads the row first and writes only when the key is absent or may be
+// taken over, so a replay, or a claim of a key held by a valid lease,
+// writes nothing. It returns no row only when a concurrent
 // first claim committed after its read and holds a valid lease; Claim then
 // runs it again, and the new read sees that row.
 //

@@ -31,7 +31,7 @@ func TestCompleterTakesTheEnginesSchema(t *testing.T) {
 	require.ErrorContains(t, err, `the engine's schema is "billing"`)
 
 	key := workflow.Key{Tenant: "acme", ID: "stuck"}
-	_, err = engine.Run(ctx, key, poison, Order{})
+	_, err = poison.Run(ctx, engine, key, Order{})
 	require.ErrorContains(t, err, "always fails")
 	completer, err := sweeper.NewCompleter(db, engine, sweeper.CompleterConfig{BackoffBase: -1})
 	require.NoError(t, err)
