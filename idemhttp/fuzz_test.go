@@ -318,7 +318,9 @@ func (rig *middlewareRig) handle(w http.ResponseWriter, r *http.Request) {
 		rig.wrong.Store(&msg)
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("Location", r.URL.EscapedPath())
+	// Under /at, so that a path starting with "//" stays a path: alone it
+	// would be a network-path reference the client cannot parse.
+	w.Header().Set("Location", "/at"+r.URL.EscapedPath())
 	w.WriteHeader(in.answer)
 	fmt.Fprintf(w, "run %d of %s %q: %d bytes", run, r.Method, r.URL.Path, len(body))
 }
