@@ -206,6 +206,13 @@ var mutants = []Mutant{
 		Pkg: "./idemhttp", Run: "^TestCompletesOnARepeatableReadServer$",
 	},
 	{
+		Name:   "engine-isolation-not-pinned",
+		Breaks: "the engine's transactions take the server's default isolation",
+		Edits: []Edit{{File: "workflow/attempt.go",
+			Old: `const beginSQL = "begin isolation level read committed"`, New: `const beginSQL = "begin"`}},
+		Pkg: "./workflow", Run: "^TestPhaseSeesTheRecordAsItIsAtCommit$",
+	},
+	{
 		Name:   "derived-key-without-record-id",
 		Breaks: "the downstream key leaves out the record's id",
 		Edits: []Edit{{File: "foreign/key.go",
