@@ -213,6 +213,13 @@ var mutants = []Mutant{
 		Pkg: "./workflow", Run: "^TestPhaseSeesTheRecordAsItIsAtCommit$",
 	},
 	{
+		Name:   "operator-lease-checked-apart",
+		Breaks: "keys release and keys fail check the lease before their write, not in it",
+		Edits: []Edit{{File: "recovery/sql.go",
+			Old: "leaseOver = `\n  AND locked_until < clock_timestamp()`", New: "leaseOver = ``"}},
+		Pkg: "./cmd/onceflow", Run: "^TestKeysLeaveALeaseRenewedMeanwhileAlone$",
+	},
+	{
 		Name:   "derived-key-without-record-id",
 		Breaks: "the downstream key leaves out the record's id",
 		Edits: []Edit{{File: "foreign/key.go",
