@@ -57,6 +57,19 @@ type stormState struct {
 // step charge comes after the first.
 var stormSteps = []string{"reserve", "record", "confirm"}
 
+// stormZombieAt is where the first attempt of every key to pass it
+// becomes a zombie, whatever its plan: it has claimed the key and holds
+// charge's result, not yet committed with record. Every attempt that
+// commits record passes here first (a foreign result commits with the next
+// phase), so every key has one. Its duplicate holds at stormZombieHold,
+// record committed, while the zombie goes on to commit record too: only the
+// owner fence refuses that second commit, so each key proves the fence
+// once, on every seed, beside the zombies the plan draws at random.
+var (
+	stormZombieAt   = workflow.CrashPoint{Kind: workflow.AfterForeignCall, Step: "charge"}
+	stormZombieHold = workflow.CrashPoint{Kind: workflow.AfterCommit, Step: stormSteps[1]}
+)
+
 // stormPlan is what the server does to one request's attempt. Zero points
 // are never passed.
 type stormPlan struct {
@@ -80,6 +93,9 @@ type stormRequest struct {
 	plan     stormPlan
 	crashed  atomic.Pointer[workflow.CrashPoint]
 	arrivals atomic.Int32
+	// zombie is set once the request's attempt is its key's certain
+	// zombie (stormZombieAt): it no longer crashes as planned.
+	zombie atomic.Bool
 	// answered is closed once the request is answered.
 	answered chan struct{}
 	// For a duplicate: reached is closed at holdAt, where it waits for
@@ -133,6 +149,8 @@ type storm struct {
 	nextSeq  atomic.Int32          // the number of the next request not planned in advance
 	expiries atomic.Int32
 	zombies  atomic.Int32 // attempts whose lease was expired and whose key was sent again
+	// certain holds the keys whose certain zombie (stormZombieAt) came.
+	certain sync.Map
 	// duplicates are the requests zombies' hooks sent.
 	duplicates sync.WaitGroup
 
@@ -242,9 +260,16 @@ func (s *storm) charge(clientKey, derivedKey string) string {
 // waiting for its locks would wait for ever.
 func (s *storm) crashPoint(ctx context.Context, key workflow.Key, p workflow.CrashPoint) error {
 	req := stormRequestOf(ctx)
-	if p == req.plan.expireAt && s.expire(ctx, key) && req.plan.duplicate != nil {
+	expireAt, duplicate := req.plan.expireAt, req.plan.duplicate
+	if p == stormZombieAt {
+		if _, seen := s.certain.LoadOrStore(key.ID, true); !seen {
+			req.zombie.Store(true)
+			expireAt, duplicate = p, &stormPlan{holdAt: stormZombieHold}
+		}
+	}
+	if p == expireAt && s.expire(ctx, key) && duplicate != nil {
 		s.zombies.Add(1)
-		dup := newStormRequest(int(s.nextSeq.Add(1))-1, key.ID, *req.plan.duplicate)
+		dup := newStormRequest(int(s.nextSeq.Add(1))-1, key.ID, *duplicate)
 		dup.release = req.answered
 		ended := make(chan struct{})
 		s.duplicates.Go(func() {
@@ -260,7 +285,7 @@ func (s *storm) crashPoint(ctx context.Context, key workflow.Key, p workflow.Cra
 		close(req.reached)
 		<-req.release
 	}
-	if p == req.plan.crashAt {
+	if p == req.plan.crashAt && !req.zombie.Load() {
 		req.crashed.Store(&p)
 		return errors.New("the process died")
 	}
@@ -433,7 +458,9 @@ func (h stormHistory) check() []string {
 
 // TestDuplicateStorm: concurrent requests over a few keys, through a real
 // HTTP server, with attempts crashing at random points (some dropping the
-// connection) and leases expiring under live attempts. Each key's history
+// connection) and leases expiring under live attempts; every key has at
+// least one zombie that tries to commit a phase its duplicate committed
+// (stormZombieAt), which only the owner fence stops. Each key's history
 // passes the invariant checker (stormHistory.check): one execution per
 // key, and every answer the stored response, a 409, or the answer of a
 // crashed attempt. Each step's effect happened once per key: one row per
@@ -530,6 +557,7 @@ func TestDuplicateStorm(t *testing.T) {
 			s.expire(context.Background(), workflow.Key{Tenant: stormTenant, ID: key})
 		}
 	}
+	s.duplicates.Wait() // a key's certain zombie may have come in its final retries
 
 	stored := s.stored()
 	require.Len(t, stored, keys)
@@ -540,6 +568,8 @@ func TestDuplicateStorm(t *testing.T) {
 			t.Errorf("key %s broke the invariant:\n  %s\nhistory:\n%s", key, strings.Join(broken, "\n  "), stormLines(h.answers))
 		}
 		s.requireOnce(key, stored[key].body)
+		_, zombie := s.certain.Load(key)
+		require.True(t, zombie, "key %s had no zombie at %v", key, stormZombieAt)
 	}
 	s.logCounts(int(s.nextSeq.Load()) - stormed)
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // engineStore is the engine's view of a Store: the transitions only
-// onceflow's workflow engine and HTTP middleware make. Package seam hands
+// onceflow's workflow engine, HTTP middleware and operator command make. Package seam hands
 // it to them, so that the Store users see keeps to what users call.
 type engineStore Store
 
@@ -37,6 +37,14 @@ func (e *engineStore) CompleteAfter(ctx context.Context, f Fence, recoveryPoint 
 
 func (e *engineStore) HandBack(ctx context.Context, f Fence, cause string) error {
 	return e.store().handBack(ctx, f, cause)
+}
+
+func (e *engineStore) ReleaseLeaseOver(ctx context.Context, f Fence, cause string) error {
+	return e.store().releaseLeaseOver(ctx, f, cause)
+}
+
+func (e *engineStore) FailLeaseOver(ctx context.Context, f Fence, resp Response, cause string) error {
+	return e.store().failLeaseOver(ctx, f, resp, cause)
 }
 
 func (e *engineStore) Stored(resp Response) Response { return e.store().stored(resp) }

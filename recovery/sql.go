@@ -94,6 +94,13 @@ WHERE ` + fence
 WHERE ` + fence + `
 RETURNING locked_until`
 
+	// leaseOver is the guard an operator's release or fail adds to the
+	// fence, in the statement that writes: the lease ended by the database
+	// clock (a released one at -infinity), so a holder that renewed it
+	// since the operator looked keeps it.
+	leaseOver = `
+  AND locked_until < clock_timestamp()`
+
 	deleteUnstartedSQL = `DELETE FROM {keys} WHERE ` + fence + ` AND recovery_point IS NULL`
 
 	// listSQL filters records for operators: $1 tenant, $2 status, $3
@@ -116,6 +123,7 @@ WHERE tenant_id = $1 AND key = $2 AND status = 'in_flight'`
 type queries struct {
 	claim, takeover, load, list, advance, finish, release, handBack, renew, deleteUnstarted, expire string
 	advanceOrFail, finishOrFail                                                                     string
+	releaseLeaseOver, finishLeaseOver                                                               string
 }
 
 func newQueries(schema string) *queries {
@@ -136,5 +144,8 @@ func newQueries(schema string) *queries {
 		handBack:        expand(handBackSQL),
 		renew:           expand(renewSQL),
 		deleteUnstarted: expand(deleteUnstartedSQL),
+
+		releaseLeaseOver: expand(releaseSQL + leaseOver),
+		finishLeaseOver:  expand(finishSQL + leaseOver),
 	}
 }

@@ -61,17 +61,35 @@ func (s *Store) completeAfter(ctx context.Context, f Fence, recoveryPoint string
 // replay, and keeps cause as the last error. Retries get resp; nothing runs
 // again.
 func (s *Store) Fail(ctx context.Context, f Fence, resp Response, cause string) error {
+	return s.fail(ctx, s.sql.finish, f, resp, cause)
+}
+
+// failLeaseOver fails the record like Fail, only if its lease is over by
+// the database clock, checked in the statement that writes: a holder that
+// renewed the lease keeps it, and the call returns ErrLeaseLost. It is the
+// operator's fail (onceflow keys fail without --force).
+func (s *Store) failLeaseOver(ctx context.Context, f Fence, resp Response, cause string) error {
+	return s.fail(ctx, s.sql.finishLeaseOver, f, resp, cause)
+}
+
+func (s *Store) fail(ctx context.Context, sql string, f Fence, resp Response, cause string) error {
 	c := cleanError(cause)
-	return s.finish(ctx, "fail", f, StatusFailed, resp, &c, nil, nil)
+	return s.finishWith(ctx, sql, "fail", f, StatusFailed, resp, &c, nil, nil)
 }
 
 func (s *Store) finish(ctx context.Context, op string, f Fence, status Status, resp Response,
+	cause, recoveryPoint *string, state []byte) error {
+	return s.finishWith(ctx, s.sql.finish, op, f, status, resp, cause, recoveryPoint, state)
+}
+
+// finishWith runs sql, finishSQL or a statement with its parameters.
+func (s *Store) finishWith(ctx context.Context, sql, op string, f Fence, status Status, resp Response,
 	cause, recoveryPoint *string, state []byte) error {
 	args, err := s.finishArgs(f, status, resp, cause, recoveryPoint, state)
 	if err != nil {
 		return fmt.Errorf("%s key: %w", op, err)
 	}
-	tag, err := s.db.Exec(ctx, s.sql.finish, args...)
+	tag, err := s.db.Exec(ctx, sql, args...)
 	return s.fenced(op, f, tag, err)
 }
 
@@ -96,6 +114,16 @@ func (s *Store) finishArgs(f Fence, status Status, resp Response, cause, recover
 // more.
 func (s *Store) Release(ctx context.Context, f Fence, cause string) error {
 	tag, err := s.db.Exec(ctx, s.sql.release, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause))
+	return s.fenced("release", f, tag, err)
+}
+
+// releaseLeaseOver releases the record like Release, only if its lease is
+// over by the database clock, checked in the statement that writes: a
+// holder that renewed the lease keeps it, and the call returns
+// ErrLeaseLost. It is the operator's release (onceflow keys release
+// without --force).
+func (s *Store) releaseLeaseOver(ctx context.Context, f Fence, cause string) error {
+	tag, err := s.db.Exec(ctx, s.sql.releaseLeaseOver, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause))
 	return s.fenced("release", f, tag, err)
 }
 

@@ -189,14 +189,8 @@ func TestPanicOutsideStepFunctionsRollsBack(t *testing.T) {
 func TestServerDefaultIsolationDoesNotMatter(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	// The database's default, not a startup parameter: PgBouncer refuses those.
-	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{
-		Settings: map[string]string{"default_transaction_isolation": "repeatable read"}}))
-	require.NoError(t, err)
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
-	_, err = db.Exec(ctx, `CREATE TABLE hits (n int)`)
+	db := repeatableReadPool(t)
+	_, err := db.Exec(ctx, `CREATE TABLE hits (n int)`)
 	require.NoError(t, err)
 	wf := workflow.Define("hit",
 		phase.Atomic("hit", func(ctx context.Context, tx pgx.Tx, _ *phase.Run[Order, Paid]) error {
@@ -225,6 +219,67 @@ func TestServerDefaultIsolationDoesNotMatter(t *testing.T) {
 	var hits int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM hits`).Scan(&hits))
 	require.Equal(t, 1, hits)
+}
+
+// repeatableReadPool returns a pool on a new database whose default
+// isolation is REPEATABLE READ: the database's default, not a startup
+// parameter, which PgBouncer refuses.
+func repeatableReadPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{
+		Settings: map[string]string{"default_transaction_isolation": "repeatable read"}}))
+	require.NoError(t, err)
+	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	return db
+}
+
+// TestPhaseSeesTheRecordAsItIsAtCommit: on a server that defaults to
+// REPEATABLE READ, a phase's transaction still writes its recovery point
+// after another commit changed the record during the phase (a lease
+// renewal, here committed from another connection after the phase's
+// first statement took its snapshot). Under REPEATABLE READ that write
+// would fail with a serialization error (40001); the engine's transactions
+// are READ COMMITTED, so it goes through. The second phase is not the
+// first: its transaction is not the claim's.
+func TestPhaseSeesTheRecordAsItIsAtCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := repeatableReadPool(t)
+	_, err := db.Exec(ctx, `CREATE TABLE hits (step text)`)
+	require.NoError(t, err)
+	hit := func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, Paid]) error {
+		_, err := tx.Exec(ctx, `INSERT INTO hits VALUES ($1)`, r.Step)
+		return err
+	}
+	renewed := false
+	wf := workflow.Define("renewed_mid_phase",
+		phase.Atomic("first", hit),
+		phase.Atomic("second", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, Paid]) error {
+			if err := hit(ctx, tx, r); err != nil { // the snapshot is taken
+				return err
+			}
+			// What a renewal writes, committed while the phase runs.
+			tag, err := db.Exec(ctx, `UPDATE onceflow_keys SET locked_until = locked_until + interval '1 second',
+				updated_at = clock_timestamp() WHERE tenant_id = $1 AND key = $2 AND status = 'in_flight'`, r.Key.Tenant, r.Key.ID)
+			renewed = err == nil && tag.RowsAffected() == 1
+			return err
+		}))
+	e, err := workflow.NewEngine(db, workflow.Config{})
+	require.NoError(t, err)
+	res, err := wf.Run(ctx, e, acme, order)
+	require.NoError(t, err)
+	require.True(t, renewed, "the record was written during the second phase")
+	require.False(t, res.Failed)
+	rows, err := db.Query(ctx, `SELECT step FROM hits ORDER BY step`)
+	require.NoError(t, err)
+	steps, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"first", "second"}, steps)
+	rec, err := e.Store().Load(ctx, acme)
+	require.NoError(t, err)
+	require.Equal(t, recovery.StatusCompleted, rec.Status)
 }
 
 // failingRenewals fails the lease renewal statement while fail is set, as

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -147,7 +148,11 @@ unless --force is given.`,
 		Args: args(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			return opts.onInFlight(cmd, recovery.Key{Tenant: a[0], ID: a[1]}, force, func(store *recovery.Store, rec *recovery.Record) error {
-				return store.Release(cmd.Context(), rec.Fence(), "released by an operator: "+reason)
+				cause := "released by an operator: " + reason
+				if force {
+					return store.Release(cmd.Context(), rec.Fence(), cause)
+				}
+				return seam.StoreOf(store).ReleaseLeaseOver(cmd.Context(), rec.Fence(), cause)
 			}, "released")
 		},
 	}
@@ -177,7 +182,11 @@ unless --force is given.`,
 			err := opts.onInFlight(cmd, recovery.Key{Tenant: a[0], ID: a[1]}, force, func(store *recovery.Store, rec *recovery.Record) error {
 				committed = rec.RecoveryPoint
 				resp := workflow.Problem(http.StatusInternalServerError, "the operation was stopped and will not be retried")
-				return store.Fail(cmd.Context(), rec.Fence(), resp, "failed by an operator: "+reason)
+				cause := "failed by an operator: " + reason
+				if force {
+					return store.Fail(cmd.Context(), rec.Fence(), resp, cause)
+				}
+				return seam.StoreOf(store).FailLeaseOver(cmd.Context(), rec.Fence(), resp, cause)
 			}, "failed")
 			if err == nil && committed != "" {
 				fmt.Fprintf(opts.stdout, "the steps committed up to %s stay committed: nothing was undone\n", printable(committed))
@@ -192,7 +201,10 @@ unless --force is given.`,
 
 // onInFlight loads key and applies change, fenced by the owner token it
 // read: if the key changed hands meanwhile, nothing is written. A key whose
-// lease is valid by the database clock is left alone unless force.
+// lease is valid by the database clock is left alone unless force: it is
+// refused here with the time left, and change, unless force, writes with
+// the lease's end in its statement's WHERE, so that a holder renewing
+// between this read and the write keeps the key (ErrLeaseLost).
 func (o *options) onInFlight(cmd *cobra.Command, key recovery.Key, force bool, change func(*recovery.Store, *recovery.Record) error, verb string) error {
 	ctx := cmd.Context()
 	store, db, err := o.store(cmd)

@@ -250,6 +250,56 @@ func TestKeysLeaveALiveLeaseAlone(t *testing.T) {
 	require.Equal(t, recovery.StatusFailed, load("stuck").Status)
 }
 
+// TestKeysLeaveALeaseRenewedMeanwhileAlone: release and fail check that the
+// lease is over in the statement that writes, not only before it: a holder
+// that renews its lease (same owner token) after the command read the
+// record keeps the key. The test holds the record's row lock, its lease
+// ended, so that the command reads it (a read takes no lock), finds the
+// lease over and waits at its write; then it renews the lease with the
+// holder's own renewal and commits, and the write, which reads the row
+// again, must find the lease valid and leave it.
+func TestKeysLeaveALeaseRenewedMeanwhileAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.NewDatabase(t, dbtest.Options{})
+	seedKeys(t, url)
+	pool := dbtest.Connect(t, url, 2)
+	store, err := recovery.New(pool, recovery.Config{})
+	require.NoError(t, err)
+	key := recovery.Key{Tenant: "globex", ID: "stuck"}
+	for _, verb := range []string{"release", "fail"} {
+		expireLease(t, url, key.ID)
+		before, err := store.Load(ctx, key)
+		require.NoError(t, err)
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `SELECT 1 FROM onceflow_keys WHERE tenant_id = $1 AND key = $2 FOR UPDATE`, key.Tenant, key.ID)
+		require.NoError(t, err)
+		done := make(chan result, 1)
+		go func() { done <- onceflow(t, "keys", verb, key.Tenant, key.ID, "--database-url="+url) }()
+		require.Eventually(t, func() bool {
+			var waiting bool
+			err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()
+				AND pid <> pg_backend_pid() AND wait_event_type = 'Lock' AND query LIKE '%onceflow_keys%')`).Scan(&waiting)
+			return err == nil && waiting
+		}, time.Minute, 5*time.Millisecond, "%s never reached its write", verb)
+		_, err = store.WithTx(tx).Renew(ctx, before.Fence(), 0)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+
+		r := <-done
+		require.Equal(t, 1, r.code, "%s of a renewed lease: %s%s", verb, r.stdout, r.stderr)
+		require.Contains(t, r.stderr, "the key changed while this command ran", verb)
+		after, err := store.Load(ctx, key)
+		require.NoError(t, err)
+		require.Equal(t, recovery.StatusInFlight, after.Status, verb)
+		require.False(t, after.Released, verb)
+		require.Equal(t, before.Owner, after.Owner, "%s: the holder keeps its lease", verb)
+		require.Equal(t, before.Attempts, after.Attempts, verb)
+		require.Equal(t, before.LastError, after.LastError, verb)
+	}
+}
+
 // TestKeysOutputEscapesTerminalSequences: stored bodies and errors come from
 // clients; keys show and keys list, as tables and as JSON, and the error
 // line, write the characters a terminal acts on as escapes.

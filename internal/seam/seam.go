@@ -1,6 +1,6 @@
 // Package seam gives onceflow's own packages what recovery and phase keep
-// out of their public API: the Store transitions only the workflow engine
-// and the HTTP middleware make, and the calls that run a step. Users do
+// out of their public API: the Store transitions only the workflow engine,
+// the HTTP middleware and the onceflow command make, and the calls that run a step. Users do
 // not see them in recovery.Store or phase.Step; internal/ keeps them out
 // of reach outside this module.
 package seam
@@ -31,6 +31,8 @@ type Store interface {
 	CompleteAndCommit(ctx context.Context, conn Conn, f recovery.Fence, recoveryPoint string, state []byte, resp recovery.Response) error
 	CompleteAfter(ctx context.Context, f recovery.Fence, recoveryPoint string, state []byte, resp recovery.Response) error
 	HandBack(ctx context.Context, f recovery.Fence, cause string) error
+	ReleaseLeaseOver(ctx context.Context, f recovery.Fence, cause string) error
+	FailLeaseOver(ctx context.Context, f recovery.Fence, resp recovery.Response, cause string) error
 	Stored(resp recovery.Response) recovery.Response
 	Takeover(ctx context.Context, k recovery.Key, workflow string) (*recovery.Record, recovery.Outcome, error)
 }
