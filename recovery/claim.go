@@ -74,9 +74,9 @@ func principalHash(k Key, principal string) []byte {
 // without being released: its holder stopped or lost touch.
 const abandonedError = "lease expired: the previous attempt stopped without finishing or releasing the key"
 
-// claimRetries bounds how often Claim re-runs its statement after losing a
-// race with a concurrent first claim. One re-run always sees that claim's row
-// unless it was deleted in between.
+// claimRetries bounds how often Claim re-runs its statement after the row it
+// read was deleted before it could write (a pruner, or a rejected first
+// claim deleting itself).
 const claimRetries = 3
 
 // Claim applies the state machine to a request carrying p.Key, in one
@@ -95,9 +95,9 @@ const claimRetries = 3
 //
 // Invalid input returns an *InputError and writes nothing.
 //
-// Run Claim on a pool or in a READ COMMITTED transaction: it re-runs its
-// statement after losing a race to a concurrent first claim, which needs a
-// fresh snapshot per statement.
+// Run Claim on a pool or in a READ COMMITTED transaction: after losing a
+// race to a concurrent claim it reads the row again, which needs a fresh
+// snapshot per statement.
 func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Record, Outcome, error) {
 	args, err := s.claimArgs(p)
 	if err != nil {
@@ -140,7 +140,7 @@ func checkRequest(request []byte) ([]byte, error) {
 
 // claimFrom decides the claim from row, the claim statement's result when
 // the caller already sent it, or runs the statement itself. It runs the
-// statement again after losing a race to a concurrent first claim, and,
+// statement again when the row it read was deleted before its write, and,
 // outside a transaction, once after a lock timeout: when many first claims
 // of one fresh key race on a busy server, each can wait out the timeout on
 // another's half-done insert, so that none wins; the re-run finds the
@@ -158,7 +158,7 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pg
 		rec, err := scanRecord(row, &outcome, &dbNow)
 		row = nil
 		if errors.Is(err, pgx.ErrNoRows) {
-			continue // a concurrent first claim committed after our snapshot
+			continue // the row read was deleted before the write
 		}
 		if err != nil {
 			if lockRetry && isLockTimeout(err) {

@@ -57,7 +57,7 @@ func (s *Store) beginAndClaim(ctx context.Context, conn batchConn, begin string,
 // transaction is open there.
 func (s *Store) withConn(conn DBTX) *Store {
 	c := *s
-	c.db = conn
+	c.db, c.inTx = conn, isTx(conn)
 	return &c
 }
 

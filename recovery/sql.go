@@ -20,9 +20,10 @@ const (
 // say how it decides; the takeover rule is onceflow_may_take_over's): it
 // reads the row first and writes only when the key is absent or may be
 // taken over, so a replay, or a claim of a key held by a valid lease,
-// writes nothing. It returns no row only when a concurrent
-// first claim committed after its read and holds a valid lease; Claim then
-// runs it again, and the new read sees that row.
+// writes nothing. When its write finds the row changed since its read (a
+// concurrent claim inserted it or took it over), it returns the row as it
+// now is; it returns no row only when the row was deleted in between, and
+// Claim then runs it again.
 //
 // A record whose principal is not the caller's is never taken over, and is
 // reported as claimedByOther (migration 0008; a record made before it has

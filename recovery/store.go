@@ -103,7 +103,15 @@ func New(db DBTX, cfg Config) (*Store, error) {
 	for _, h := range neverStored {
 		delete(headers, h)
 	}
-	return &Store{db: db, schema: cfg.Schema, sql: newQueries(cfg.Schema), headers: headers, lease: cfg.Lease.Microseconds()}, nil
+	return &Store{db: db, schema: cfg.Schema, sql: newQueries(cfg.Schema), headers: headers, lease: cfg.Lease.Microseconds(),
+		inTx: isTx(db)}, nil
+}
+
+// isTx says whether db is a transaction, in which a failed statement ends
+// it: a claim must not run again there after a lock timeout.
+func isTx(db DBTX) bool {
+	_, ok := db.(pgx.Tx)
+	return ok
 }
 
 // WithTx returns a Store whose statements run in tx, so that a transition

@@ -23,7 +23,10 @@
 -- untouched when the rule refuses it (a replay or a valid lease writes
 -- nothing); otherwise it inserts a new record or, when there is one (read
 -- first, or committed concurrently since), takes it over, both under a
--- 10 ms lock_timeout (0006). p_lease is in microseconds.
+-- 10 ms lock_timeout (0006). When neither writes, the row changed after
+-- the read, and the claim returns it as it now is, or no row when it was
+-- deleted (the caller then claims again, as 0008's upsert would have
+-- inserted). p_lease is in microseconds.
 CREATE FUNCTION {schema}.onceflow_may_take_over(
     k {schema}.onceflow_keys, p_workflow text, p_hash bytea, p_principal bytea)
 RETURNS boolean
@@ -84,8 +87,14 @@ BEGIN
     PERFORM set_config('lock_timeout', lock_wait, true);
     IF written THEN
         RETURN NEXT rec;
-    ELSIF existing.tenant_id IS NOT NULL THEN
-        RETURN NEXT existing;
+        RETURN;
+    END IF;
+    -- The row changed since the read: a concurrent claim inserted it or
+    -- took it over, or it was deleted. Return it as it now is, or no row
+    -- when it is gone, so that the caller claims again.
+    SELECT * INTO rec FROM {schema}.onceflow_keys k WHERE k.key = p_key AND k.tenant_id = p_tenant;
+    IF FOUND THEN
+        RETURN NEXT rec;
     END IF;
 END
 $onceflow_claim$;
