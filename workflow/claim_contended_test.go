@@ -14,17 +14,17 @@ import (
 	"github.com/onceflow/onceflow/workflow"
 )
 
-// TestReviewContendedClaimRetriesOnceAndCountsNothing: a folded claim
+// TestContendedClaimRetriesOnceAndCountsNothing: a folded claim
 // (the first step is atomic) that waits out the claim's lock_timeout tries
 // once more in a new transaction. While another session holds the key's
 // row, both tries time out: Run answers in flight (Contended), nothing
 // runs, the record is untouched (no attempt counted, no second record), and
 // the attempt holds no connection afterwards. Once the row is free, the
 // next Run owns the key and counts only what the record's history says.
-func TestReviewContendedClaimRetriesOnceAndCountsNothing(t *testing.T) {
+func TestContendedClaimRetriesOnceAndCountsNothing(t *testing.T) {
 	w := newWorld(t)
 	var ran atomic.Int32
-	wf := workflow.Define("review_count",
+	wf := workflow.Define("contended_count",
 		phase.Atomic("count", func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error {
 			ran.Add(1)
 			return nil
@@ -32,7 +32,7 @@ func TestReviewContendedClaimRetriesOnceAndCountsNothing(t *testing.T) {
 	e := w.engine(workflow.Config{})
 	body, err := json.Marshal(order)
 	require.NoError(t, err)
-	fp, canon, err := recovery.FingerprintJSON("review_count", body)
+	fp, canon, err := recovery.FingerprintJSON("contended_count", body)
 	require.NoError(t, err)
 	attempts := func(key workflow.Key) int {
 		var n int
@@ -51,7 +51,7 @@ func TestReviewContendedClaimRetriesOnceAndCountsNothing(t *testing.T) {
 
 	t.Run("expired lease held by another session", func(t *testing.T) {
 		key := workflow.Key{Tenant: "acme", ID: "held-expired"}
-		_, _, err := e.Store().Claim(w.ctx, recovery.ClaimParams{Key: key, Workflow: "review_count", Fingerprint: fp, Request: canon})
+		_, _, err := e.Store().Claim(w.ctx, recovery.ClaimParams{Key: key, Workflow: "contended_count", Fingerprint: fp, Request: canon})
 		require.NoError(t, err)
 		require.NoError(t, e.Store().ExpireLease(w.ctx, key))
 		holder, err := w.db.Begin(w.ctx)
@@ -74,7 +74,7 @@ func TestReviewContendedClaimRetriesOnceAndCountsNothing(t *testing.T) {
 		holder, err := w.db.Begin(w.ctx)
 		require.NoError(t, err)
 		defer func() { _ = holder.Rollback(w.ctx) }()
-		_, _, err = e.Store().WithTx(holder).Claim(w.ctx, recovery.ClaimParams{Key: key, Workflow: "review_count", Fingerprint: fp, Request: canon})
+		_, _, err = e.Store().WithTx(holder).Claim(w.ctx, recovery.ClaimParams{Key: key, Workflow: "contended_count", Fingerprint: fp, Request: canon})
 		require.NoError(t, err)
 		contended(t, key)
 		require.NoError(t, holder.Rollback(w.ctx))

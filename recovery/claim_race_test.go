@@ -24,18 +24,18 @@ import (
 // gateLock is the advisory lock a gated claim waits on.
 const gateLock = 4242
 
-// gateSQL installs the gate: review_wait() blocks on gateLock once, in a
-// backend listed in review_gate, with the claim's 10 ms lock_timeout lifted
+// gateSQL installs the gate: claim_gate_wait() blocks on gateLock once, in a
+// backend listed in claim_gate, with the claim's 10 ms lock_timeout lifted
 // for the wait alone. It runs in the claim's gap between its read and its
 // write: first in onceflow_may_take_over (the rule is kept as it is, under
 // another name), which the claim calls right after its read, and in a
 // BEFORE INSERT trigger, which fires before the INSERT's conflict check.
 const gateSQL = `
-CREATE TABLE review_gate (pid int PRIMARY KEY);
-CREATE FUNCTION review_wait() RETURNS boolean LANGUAGE plpgsql AS $$
+CREATE TABLE claim_gate (pid int PRIMARY KEY);
+CREATE FUNCTION claim_gate_wait() RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE lt text;
 BEGIN
-    DELETE FROM review_gate WHERE pid = pg_backend_pid();
+    DELETE FROM claim_gate WHERE pid = pg_backend_pid();
     IF FOUND THEN
         lt := current_setting('lock_timeout');
         PERFORM set_config('lock_timeout', '0', true);
@@ -45,14 +45,14 @@ BEGIN
     END IF;
     RETURN true;
 END $$;
-ALTER FUNCTION onceflow_may_take_over(onceflow_keys, text, bytea, bytea) RENAME TO review_rule;
+ALTER FUNCTION onceflow_may_take_over(onceflow_keys, text, bytea, bytea) RENAME TO claim_gate_rule;
 CREATE FUNCTION onceflow_may_take_over(k onceflow_keys, p_workflow text, p_hash bytea, p_principal bytea)
 RETURNS boolean LANGUAGE sql VOLATILE AS $$
-    SELECT review_wait() AND review_rule(k, p_workflow, p_hash, p_principal)
+    SELECT claim_gate_wait() AND claim_gate_rule(k, p_workflow, p_hash, p_principal)
 $$;
-CREATE FUNCTION review_wait_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN PERFORM review_wait(); RETURN NEW; END $$;
-CREATE TRIGGER review_gate BEFORE INSERT ON onceflow_keys FOR EACH ROW EXECUTE FUNCTION review_wait_trigger();
+CREATE FUNCTION claim_gate_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM claim_gate_wait(); RETURN NEW; END $$;
+CREATE TRIGGER claim_gate BEFORE INSERT ON onceflow_keys FOR EACH ROW EXECUTE FUNCTION claim_gate_trigger();
 `
 
 // gated is a database with the gate, a store whose claims stop at it, and
@@ -97,7 +97,7 @@ func (g *gated) stopped(t *testing.T, p recovery.ClaimParams) (<-chan claimResul
 	t.Helper()
 	_, err := g.holder.Exec(g.ctx, `SELECT pg_advisory_lock($1)`, gateLock)
 	require.NoError(t, err)
-	_, err = g.db.Exec(g.ctx, `INSERT INTO review_gate VALUES ($1)`, g.gatedPID)
+	_, err = g.db.Exec(g.ctx, `INSERT INTO claim_gate VALUES ($1)`, g.gatedPID)
 	require.NoError(t, err)
 	done := make(chan claimResult, 1)
 	go func() {
@@ -138,12 +138,12 @@ func wait(t *testing.T, done <-chan claimResult) claimResult {
 	}
 }
 
-// TestReviewInsertConflictsWithExpiredRow: a first claim reads no row; before
+// TestClaimRaceInsertConflictsWithExpiredRow: a first claim reads no row; before
 // its INSERT checks for a conflict, another claim of the same request
 // commits a row whose lease has already ended. The INSERT does nothing and
 // onceflow_take_over must take the row over, once, counting the abandoned
 // attempt; a claim by another principal or with another request must not.
-func TestReviewInsertConflictsWithExpiredRow(t *testing.T) {
+func TestClaimRaceInsertConflictsWithExpiredRow(t *testing.T) {
 	g := setupGated(t)
 	key := recovery.Key{Tenant: "acme", ID: "late-insert"}
 	p := params(t, key, `{"amount":100}`)
@@ -184,10 +184,10 @@ func TestReviewInsertConflictsWithExpiredRow(t *testing.T) {
 	}
 }
 
-// TestReviewReadExpiredThenTakenOver: a claim reads an expired lease; before
+// TestClaimRaceReadExpiredThenTakenOver: a claim reads an expired lease; before
 // it writes, another claim takes the record over and commits. The first
 // must not take it over too: one owner, one abandoned attempt counted.
-func TestReviewReadExpiredThenTakenOver(t *testing.T) {
+func TestClaimRaceReadExpiredThenTakenOver(t *testing.T) {
 	g := setupGated(t)
 	key := recovery.Key{Tenant: "acme", ID: "read-then-taken"}
 	p := params(t, key, `{"amount":100}`)
@@ -221,13 +221,13 @@ func TestReviewReadExpiredThenTakenOver(t *testing.T) {
 	require.Equal(t, 1, rec.Attempts)
 }
 
-// TestReviewReadExpiredThenPruned: a claim reads an expired, request-less
+// TestClaimRaceReadExpiredThenPruned: a claim reads an expired, request-less
 // record; before it writes, the pruner deletes the record (its abandoned
 // retention is over). Nothing is executed twice; and since there is no
 // record left, the claim should own the key, as 0008's INSERT ... ON
 // CONFLICT DO UPDATE did, instead of answering "in flight" for a key that
 // no longer exists.
-func TestReviewReadExpiredThenPruned(t *testing.T) {
+func TestClaimRaceReadExpiredThenPruned(t *testing.T) {
 	g := setupGated(t)
 	key := recovery.Key{Tenant: "acme", ID: "read-then-pruned"}
 	p := params(t, key, `{"amount":100}`)
@@ -245,11 +245,11 @@ func TestReviewReadExpiredThenPruned(t *testing.T) {
 	require.Equal(t, 1, g.count(t))
 }
 
-// TestReviewClaimRestoresLockTimeout: the claim lowers lock_timeout to 10 ms
+// TestClaimRaceClaimRestoresLockTimeout: the claim lowers lock_timeout to 10 ms
 // for its own writes; the caller's transaction must find its own setting
 // afterwards, whatever the claim decided, and after a claim that timed out
 // and was rolled back to a savepoint.
-func TestReviewClaimRestoresLockTimeout(t *testing.T) {
+func TestClaimRaceClaimRestoresLockTimeout(t *testing.T) {
 	b := setup(t)
 	key := recovery.Key{Tenant: "acme", ID: "timeout"}
 	p := params(t, key, `{"amount":100}`)
@@ -331,11 +331,11 @@ func TestReviewClaimRestoresLockTimeout(t *testing.T) {
 	require.Equal(t, "4s", setting(t, conn))
 }
 
-// TestReviewStoreOnATransactionTimesOutCleanly: a Store made with New on a
+// TestClaimRaceStoreOnATransactionTimesOutCleanly: a Store made with New on a
 // pgx.Tx (DBTX says a pgx.Tx will do) must answer a claim that waited out
 // the lock timeout as in flight, like WithTx's does, not re-run the claim
 // in the aborted transaction and report "current transaction is aborted".
-func TestReviewStoreOnATransactionTimesOutCleanly(t *testing.T) {
+func TestClaimRaceStoreOnATransactionTimesOutCleanly(t *testing.T) {
 	b := setup(t)
 	key := recovery.Key{Tenant: "acme", ID: "busy"}
 	holder, err := b.db.Begin(b.ctx)
@@ -355,10 +355,10 @@ func TestReviewStoreOnATransactionTimesOutCleanly(t *testing.T) {
 	require.True(t, inFlight.Contended)
 }
 
-// TestReviewDownTo0008AndBack: with records in flight, expired, released
+// TestClaimRaceDownTo0008AndBack: with records in flight, expired, released
 // and finished, migration 0009 goes down and up again, and claims decide
 // the same at each version.
-func TestReviewDownTo0008AndBack(t *testing.T) {
+func TestClaimRaceDownTo0008AndBack(t *testing.T) {
 	t.Parallel()
 	db := dbtest.Connect(t, dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true}), 4)
 	ctx := context.Background()
