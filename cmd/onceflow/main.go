@@ -13,6 +13,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +22,9 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/onceflow/onceflow/internal/dbschema"
+	"github.com/onceflow/onceflow/recovery"
 )
 
 func main() {
@@ -38,6 +42,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
+	// A table or function of onceflow's missing is one sentence naming the
+	// command that fixes it, whichever command met it.
+	schema, _ := root.PersistentFlags().GetString("schema")
+	err = recovery.NotMigrated(cmp.Or(schema, dbschema.Default), err)
 	fmt.Fprintf(stderr, "onceflow: %s\n", printable(oneLine(err.Error())))
 	var usage usageError
 	if errors.As(err, &usage) || strings.HasPrefix(err.Error(), "unknown command") {

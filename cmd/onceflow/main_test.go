@@ -523,3 +523,20 @@ func TestHelpAndErrors(t *testing.T) {
 	fails(t, 2, "keys", "show", "only-one-arg", "--database-url=postgres://x@127.0.0.1:1/db")
 	require.Contains(t, fails(t, 1, "keys", "list", "--database-url=postgres://x@127.0.0.1:1/db"), "connect to the database")
 }
+
+// TestUnmigratedDatabaseIsOneSentence: every command that reads onceflow's
+// tables says, on a database without them, which command creates them,
+// never a bare SQLSTATE.
+func TestUnmigratedDatabaseIsOneSentence(t *testing.T) {
+	unmigrated := dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true})
+	for _, args := range [][]string{
+		{"keys", "list"},
+		{"keys", "show", "acme", "k1"},
+		{"outbox", "list"},
+		{"outbox", "dead"},
+		{"outbox", "retry", "1"},
+	} {
+		stderr := fails(t, 1, append(args, "--database-url="+unmigrated)...)
+		require.Contains(t, stderr, "run `onceflow migrate up`", "onceflow %v", args)
+	}
+}
