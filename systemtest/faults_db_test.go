@@ -452,8 +452,8 @@ func dbfaultWait(t *testing.T, wg *sync.WaitGroup, timeout time.Duration) {
 func dbfaultAlive(t *testing.T, p *serveProcess) {
 	t.Helper()
 	select {
-	case <-p.done:
-		t.Fatalf("checkout serve exited (%v): %s", p.proc.Err(), p.Stderr())
+	case <-p.Done():
+		t.Fatalf("checkout serve exited (%v): %s", p.Proc.Err(), p.Stderr())
 	default:
 	}
 }

@@ -582,11 +582,11 @@ func killPausedOwner(t *testing.T, endByHand bool) {
 		lease = "30s"
 	}
 	paused := e.serve("--provider-url", proxy.url, "--lease", lease, "--sweep-every", "1h", "--stop-after", "charge")
-	t.Cleanup(func() { _ = paused.proc.Signal(syscall.SIGCONT) }) // before it is stopped
+	t.Cleanup(func() { _ = paused.Proc.Signal(syscall.SIGCONT) }) // before it is stopped
 	// The second server's lease outlasts the test: it renews nothing while
 	// the rows are compared.
 	next := e.serve("--provider-url", proxy.url, "--lease", "5m", "--sweep-every", "1h", "--stop-after", "charge")
-	t.Cleanup(func() { _ = next.proc.Signal(syscall.SIGCONT) })
+	t.Cleanup(func() { _ = next.Proc.Signal(syscall.SIGCONT) })
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	client := killClient(2)
@@ -629,7 +629,7 @@ func killPausedOwner(t *testing.T, endByHand bool) {
 	before := killSnapshot(t, conn)
 
 	// The first server wakes while the key's new owner is mid-checkout.
-	require.NoError(t, paused.proc.Signal(syscall.SIGCONT))
+	require.NoError(t, paused.Proc.Signal(syscall.SIGCONT))
 	frozenFor := time.Since(stoppedAt)
 	woke := killAwaitAnswer(t, ctx, first, "the woken server answers its client")
 	require.Equal(t, http.StatusConflict, woke.status, "the woken attempt lost the key: %s", woke.body)
@@ -650,7 +650,7 @@ func killPausedOwner(t *testing.T, endByHand bool) {
 	require.Equal(t, 0, e.count(`SELECT count(*) FROM checkout_orders WHERE status <> 'pending'`), "its order update rolled back")
 	require.Equal(t, 0, e.count(`SELECT count(*) FROM onceflow_outbox`), "its receipt rolled back")
 
-	require.NoError(t, next.proc.Signal(syscall.SIGCONT))
+	require.NoError(t, next.Proc.Signal(syscall.SIGCONT))
 	done := killAwaitAnswer(t, ctx, second, "the second server finishes the checkout")
 	require.Equal(t, http.StatusCreated, done.status, done.body)
 	var paid killPaid
@@ -688,7 +688,7 @@ func killAwaitStop(t *testing.T, app *serveProcess, results <-chan killResult) {
 			t.Fatalf("the checkout ended before its server stopped: %v %d %s", r.err, r.answer.status, r.answer.body)
 		default:
 		}
-		return killStopped(t, app.proc.Pid())
+		return killStopped(t, app.Proc.Pid())
 	})
 	// The log line reaches us through a pipe of its own.
 	killPoll(t, time.Minute, 10*time.Millisecond, "the server logs where it stopped", func() bool {

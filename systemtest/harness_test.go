@@ -2,27 +2,20 @@ package systemtest
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceflow/onceflow/internal/child"
 	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/internal/serveproc"
 )
 
 // binary is the checkout command of examples/checkout, built once for the
@@ -75,7 +68,7 @@ func (e *env) serve(args ...string) *serveProcess {
 	require.NoError(e.t, err)
 	e.t.Cleanup(func() {
 		select {
-		case <-p.done:
+		case <-p.Done():
 		default:
 			p.Stop()
 		}
@@ -116,84 +109,7 @@ func (e *env) count(sql string, args ...any) int {
 const order = `{"customer_id":"cus_1","amount_cents":4200,"currency":"usd","card_token":"tok_visa","items":[{"sku":"book","qty":1}]}`
 
 // serveProcess is `checkout serve` running as a child process.
-type serveProcess struct {
-	proc   *child.Process
-	URL    string
-	done   <-chan struct{} // closed when the process has exited
-	mu     sync.Mutex
-	stderr bytes.Buffer
-}
+type serveProcess = serveproc.Process
 
-// startServe starts exe serve with args and waits until it listens. The
-// child gets SIGKILL if this process dies first.
-func startServe(ctx context.Context, exe string, args ...string) (*serveProcess, error) {
-	cmd := exec.Command(exe, append([]string{"serve", "--addr", "127.0.0.1:0"}, args...)...)
-	p := &serveProcess{}
-	stdout, stdoutW := io.Pipe()
-	cmd.Stdout = stdoutW
-	cmd.Stderr = &lockedWriter{mu: &p.mu, w: &p.stderr}
-	var err error
-	if p.proc, err = child.Start(cmd, syscall.SIGKILL); err != nil {
-		return nil, err
-	}
-	p.done = p.proc.Exited()
-	go func() {
-		<-p.done // every byte of stdout has been copied into the pipe
-		_ = stdoutW.Close()
-	}()
-	urls := make(chan string, 1)
-	go func() {
-		lines := bufio.NewScanner(stdout)
-		for lines.Scan() {
-			if url, found := strings.CutPrefix(lines.Text(), "listening on "); found {
-				urls <- url
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout) // a line too long for the scanner
-	}()
-	select {
-	case p.URL = <-urls:
-		return p, nil
-	case <-p.done:
-		return nil, fmt.Errorf("checkout serve exited before listening: %v: %s", p.proc.Err(), p.Stderr())
-	case <-time.After(2 * time.Minute):
-		p.Kill()
-		return nil, errors.New("checkout serve did not start listening within two minutes")
-	case <-ctx.Done():
-		p.Kill()
-		return nil, ctx.Err()
-	}
-}
-
-// Wait waits for the process to exit and returns its exit code.
-func (p *serveProcess) Wait() int {
-	<-p.done
-	return p.proc.ExitCode()
-}
-
-// Stop asks the process to stop (SIGTERM) and waits for it.
-func (p *serveProcess) Stop() int {
-	_ = p.proc.Signal(syscall.SIGTERM)
-	return p.Wait()
-}
-
-// Kill ends the process at once; it does nothing if it has ended.
-func (p *serveProcess) Kill() { p.proc.Kill() }
-
-// Stderr is what the process logged so far.
-func (p *serveProcess) Stderr() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stderr.String()
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l *lockedWriter) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(b)
-}
+// startServe starts exe serve with args and waits until it listens.
+var startServe = serveproc.Start

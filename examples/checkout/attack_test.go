@@ -327,7 +327,7 @@ func TestManySlowBodiesAreCutOff(t *testing.T) {
 	addr := strings.TrimPrefix(app.URL, "http://")
 	warm := e.checkout(app, "k-before", order) // pool connections and the like are made
 	require.Equal(t, http.StatusCreated, warm.status, warm.body)
-	before := memoryKiB(t, app.proc.Pid(), "VmHWM")
+	before := memoryKiB(t, app.Proc.Pid(), "VmHWM")
 
 	headers := "POST /v1/checkouts HTTP/1.1\r\nHost: checkout\r\nContent-Type: application/json\r\n" +
 		"Authorization: Bearer " + apiKeyOf("acme") + "\r\nIdempotency-Key: slow-%d\r\n" +
@@ -398,7 +398,7 @@ func TestManySlowBodiesAreCutOff(t *testing.T) {
 	// reading the whole declared body, or a second copy of what came,
 	// exceeds it (conns × declared would be 150 MiB).
 	const boundKiB = (conns*sent + conns*sent/4 + conns*64<<10) >> 10
-	peak := memoryKiB(t, app.proc.Pid(), "VmHWM")
+	peak := memoryKiB(t, app.Proc.Pid(), "VmHWM")
 	t.Logf("checkout serve's peak memory: %d KiB before, %d KiB after; bound: %d KiB more", before, peak, boundKiB)
 	require.LessOrEqual(t, peak-before, int64(boundKiB),
 		"checkout serve's peak memory went from %d KiB to %d KiB with %d connections each sending %d bytes", before, peak, conns, sent)

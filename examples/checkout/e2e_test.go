@@ -86,7 +86,7 @@ func (e *env) serveWith(args ...string) *serveProcess {
 	require.NoError(e.t, err)
 	e.t.Cleanup(func() {
 		select {
-		case <-p.done:
+		case <-p.Done():
 		default:
 			p.Stop()
 		}
