@@ -1,6 +1,7 @@
 package foreign
 
 import (
+	"cmp"
 	"context"
 
 	"github.com/onceflow/onceflow/phase"
@@ -20,8 +21,11 @@ type Call[Req, State any] struct {
 // step makes, such as one per item in a loop: the same parts always give the
 // same key within this step of this record.
 func (c *Call[Req, State]) KeyFor(parts ...string) string {
-	return DeriveKey(c.Run.Key, c.Run.RecordID, c.Run.Step, parts...)
+	return DeriveKey(c.Run.Key, c.Run.RecordID, keyStep(c.Run), parts...)
 }
+
+// keyStep is the step name r's downstream keys derive from.
+func keyStep[Req, State any](r *phase.Run[Req, State]) string { return cmp.Or(r.KeyStep, r.Step) }
 
 // Mutation declares a step that changes another system. fn runs outside any
 // transaction with c.Key derived for it; what fn puts in c.State is
@@ -30,6 +34,6 @@ func (c *Call[Req, State]) KeyFor(parts ...string) string {
 // it: send c.Key.
 func Mutation[Req, State any](name string, fn func(ctx context.Context, c *Call[Req, State]) error) phase.Step[Req, State] {
 	return phase.Foreign(name, func(ctx context.Context, r *phase.Run[Req, State]) error {
-		return fn(ctx, &Call[Req, State]{Run: r, Key: DeriveKey(r.Key, r.RecordID, r.Step)})
+		return fn(ctx, &Call[Req, State]{Run: r, Key: DeriveKey(r.Key, r.RecordID, keyStep(r))})
 	})
 }

@@ -376,12 +376,25 @@ func (c *core) claimProblem(r *http.Request, err error) *problem {
 		return &problem{status: http.StatusBadRequest, detail: err.Error()}
 	case errors.Is(err, recovery.ErrNotMigrated):
 		return c.notMigrated(r, err)
+	case errors.Is(err, recovery.ErrParked):
+		return parked
 	}
 	c.logger.ErrorContext(r.Context(), "idempotency storage unavailable; the request was not run",
 		slog.String("operation", c.operation(r)), slog.Any("error", err))
 	return &problem{status: http.StatusServiceUnavailable, retryAfter: time.Second,
 		detail: "the request could not be made safe to retry, so it was not run; retry shortly"}
 }
+
+// parkedRetryAfter is the Retry-After of a 503 for a parked record: an
+// operator has to act first.
+const parkedRetryAfter = 60 * time.Second
+
+// parked answers a key whose record is parked (workflow.ErrParked): the
+// running version of the workflow may not resume it. Nothing ran; the
+// answer is the same on every retry until an operator resolves the record,
+// and says nothing of the record.
+var parked = &problem{status: http.StatusServiceUnavailable, retryAfter: parkedRetryAfter,
+	detail: "this request is waiting for an operator: it was started by an earlier version of the service, which this one cannot safely continue; nothing was run again; retry later with the same key"}
 
 // notMigratedRetryAfter is the Retry-After of a 503 for an unmigrated
 // database: an operator has to act first.

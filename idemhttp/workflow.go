@@ -159,7 +159,7 @@ func (c *core) runFailed(w http.ResponseWriter, r *http.Request, err error) {
 		writeProblem(w, &problem{status: http.StatusInternalServerError,
 			detail: "the request failed part-way; retry with the same key to resume it"})
 	case errors.Is(err, recovery.ErrInFlight), errors.Is(err, recovery.ErrMismatch), errors.Is(err, recovery.ErrInvalidInput),
-		errors.Is(err, recovery.ErrForbidden), errors.Is(err, recovery.ErrNotMigrated):
+		errors.Is(err, recovery.ErrForbidden), errors.Is(err, recovery.ErrNotMigrated), errors.Is(err, recovery.ErrParked):
 		writeProblem(w, c.claimProblem(r, err))
 	default:
 		c.logger.ErrorContext(r.Context(), "workflow could not run", slog.Any("error", err))

@@ -29,6 +29,7 @@ type Metrics struct {
 	registry    *prometheus.Registry
 	claims      *prometheus.CounterVec
 	leaseLost   *prometheus.CounterVec
+	parked      *prometheus.CounterVec
 	steps       *prometheus.HistogramVec
 	resumes     *prometheus.CounterVec
 	pruned      *prometheus.CounterVec
@@ -46,11 +47,15 @@ func New() *Metrics {
 		registry: prometheus.NewRegistry(),
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_claims_total",
-			Help: "Requests carrying an idempotency key, by how they found it: new, replay, conflict, mismatch, forbidden or takeover.",
+			Help: "Requests carrying an idempotency key, by how they found it: new, replay, conflict, mismatch, forbidden, parked or takeover.",
 		}, []string{"workflow", "outcome"}),
 		leaseLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_lease_lost_total",
 			Help: "Attempts that found their key taken over and stopped.",
+		}, []string{"workflow"}),
+		parked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_parked_total",
+			Help: "Records parked because the running definition may not resume them; each waits for an operator.",
 		}, []string{"workflow"}),
 		steps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "onceflow_step_duration_seconds",
@@ -95,7 +100,7 @@ func New() *Metrics {
 // Collectors returns onceflow's collectors, to register with a registry of
 // your own.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.claims, m.leaseLost, m.steps, m.resumes, m.pruned, m.outbox, m.abandoned,
+	return []prometheus.Collector{m.claims, m.leaseLost, m.parked, m.steps, m.resumes, m.pruned, m.outbox, m.abandoned,
 		m.oldest, m.taskRuns, m.taskSeconds}
 }
 
@@ -126,6 +131,9 @@ func (m *Metrics) StepFinished(workflow, step string, took time.Duration, err er
 
 // LeaseLost counts a lost lease (workflow.Observer).
 func (m *Metrics) LeaseLost(workflow string) { m.leaseLost.WithLabelValues(workflow).Inc() }
+
+// Parked counts a parked record (workflow.Observer).
+func (m *Metrics) Parked(workflow string) { m.parked.WithLabelValues(workflow).Inc() }
 
 // Delivered counts a delivered message (outbox.Observer).
 func (m *Metrics) Delivered(topic string) { m.outbox.WithLabelValues(topic, "delivered").Inc() }

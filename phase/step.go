@@ -33,6 +33,28 @@ func (k Kind) String() string {
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
 
+// MarshalText encodes k as "atomic" or "foreign", the form exported
+// workflow definitions carry.
+func (k Kind) MarshalText() ([]byte, error) {
+	if k != KindAtomic && k != KindForeign {
+		return nil, fmt.Errorf("phase: no text for %v", k)
+	}
+	return []byte(k.String()), nil
+}
+
+// UnmarshalText decodes "atomic" or "foreign".
+func (k *Kind) UnmarshalText(text []byte) error {
+	switch string(text) {
+	case "atomic":
+		*k = KindAtomic
+	case "foreign":
+		*k = KindForeign
+	default:
+		return fmt.Errorf("phase: %q is not a step kind (atomic or foreign)", text)
+	}
+	return nil
+}
+
 // Run is what a step function sees of the workflow it belongs to.
 type Run[Req, State any] struct {
 	// Key is the idempotency key the workflow runs under.
@@ -42,6 +64,11 @@ type Run[Req, State any] struct {
 	RecordID uuid.UUID
 	// Step is the name of the step being run.
 	Step string
+	// KeyStep is the name downstream keys derive from (foreign.Mutation):
+	// the step's name, or, for a step the workflow declares renamed
+	// (workflow.Renamed), its first name, so that a call made before the
+	// rename is made again with the same key. "" means Step.
+	KeyStep string
 	// Attempt counts the attempts at this workflow, this one included.
 	Attempt int
 	// Request is the workflow's request. Treat it as read-only.

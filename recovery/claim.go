@@ -62,6 +62,10 @@ type ClaimParams struct {
 	// key by any other principal is ErrForbidden. "" means the tenant
 	// itself: every caller of the tenant is one principal.
 	Principal string
+	// Definition is the fingerprint of the workflow definition that claims
+	// the key, stored with a new record (see workflow.Definition). ""
+	// stores none.
+	Definition string
 }
 
 // principalHash is what the record keeps of a principal.
@@ -122,8 +126,15 @@ func (s *Store) claimArgs(p ClaimParams) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
+	var definition *string
+	if p.Definition != "" {
+		if err := checkName("definition", p.Definition); err != nil {
+			return nil, err
+		}
+		definition = &p.Definition
+	}
 	return []any{p.Key.Tenant, p.Key.ID, uuid.New(), p.Workflow, p.Fingerprint[:], request, uuid.New(),
-		lease, abandonedError, principalHash(p.Key, p.Principal)}, nil
+		lease, abandonedError, principalHash(p.Key, p.Principal), definition}, nil
 }
 
 // checkRequest returns the request to store: nil for none, else JSON in
@@ -178,6 +189,8 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pg
 			return nil, 0, fmt.Errorf("%w (tenant %q, key %q)", ErrMismatch, p.Key.Tenant, p.Key.ID)
 		case rec.Finished():
 			return rec, OutcomeReplay, nil
+		case rec.Status == StatusParked:
+			return nil, 0, &ParkedError{Key: p.Key, Reason: rec.LastError}
 		default:
 			return nil, 0, &InFlightError{Key: p.Key, RetryAfter: retryAfter(rec, dbNow)}
 		}
@@ -217,6 +230,8 @@ func (s *Store) takeover(ctx context.Context, k Key, workflow string) (*Record, 
 		return rec, OutcomeTakeover, nil
 	case rec.Finished():
 		return rec, OutcomeReplay, nil
+	case rec.Status == StatusParked:
+		return nil, 0, &ParkedError{Key: k, Reason: rec.LastError}
 	default:
 		return nil, 0, &InFlightError{Key: k, RetryAfter: retryAfter(rec, dbNow)}
 	}

@@ -356,8 +356,8 @@ func TestClaimRaceStoreOnATransactionTimesOutCleanly(t *testing.T) {
 }
 
 // TestClaimRaceDownTo0008AndBack: with records in flight, expired, released
-// and finished, migration 0009 goes down and up again, and claims decide
-// the same at each version.
+// and finished, migrations 0010 and 0009 go down and up again, and claims
+// decide the same after as before; in between, this build refuses to claim.
 func TestClaimRaceDownTo0008AndBack(t *testing.T) {
 	t.Parallel()
 	db := dbtest.Connect(t, dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true}), 4)
@@ -403,7 +403,10 @@ func TestClaimRaceDownTo0008AndBack(t *testing.T) {
 	check(t)
 	_, err = m.To(ctx, 8)
 	require.NoError(t, err)
-	check(t)
+	// This build claims with a definition (migration 0010): on 0008 it
+	// must say the database needs migrating, not claim half-way.
+	_, _, err = b.store.Claim(b.ctx, params(t, recovery.Key{Tenant: "acme", ID: "at-0008"}, `{}`))
+	require.ErrorIs(t, err, recovery.ErrNotMigrated)
 	_, err = m.Up(ctx)
 	require.NoError(t, err)
 	check(t)

@@ -52,3 +52,15 @@ func (e *engineStore) Stored(resp Response) Response { return e.store().stored(r
 func (e *engineStore) Takeover(ctx context.Context, k Key, workflow string) (*Record, Outcome, error) {
 	return e.store().takeover(ctx, k, workflow)
 }
+
+func (e *engineStore) Park(ctx context.Context, f Fence, reason string) error {
+	return e.store().park(ctx, f, reason)
+}
+
+func (e *engineStore) Restamp(ctx context.Context, f Fence, definition, recoveryPoint string, state []byte) error {
+	return e.store().restamp(ctx, f, definition, recoveryPoint, state)
+}
+
+func (e *engineStore) SaveDefinition(ctx context.Context, d StoredDefinition) error {
+	return e.store().saveDefinition(ctx, d)
+}

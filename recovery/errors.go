@@ -26,6 +26,12 @@ var (
 	// longer owns the key. Roll back what it wrote and stop.
 	ErrLeaseLost = errors.New("lease lost: another attempt owns this idempotency key")
 
+	// ErrParked reports a record parked for an operator (StatusParked): the
+	// definition that wrote it cannot be resumed by the running one.
+	// Nothing ran; retry after the operator resolved it (HTTP 503 with
+	// Retry-After). *ParkedError says why.
+	ErrParked = errors.New("idempotency key is parked: it waits for an operator")
+
 	// ErrNotFound reports that no record exists for the key.
 	ErrNotFound = errors.New("idempotency key not found")
 
@@ -78,3 +84,18 @@ func (e *InputError) Error() string {
 
 // Is makes errors.Is(err, ErrInvalidInput) true.
 func (e *InputError) Is(target error) bool { return target == ErrInvalidInput }
+
+// ParkedError is the ErrParked a claim returns for a parked record.
+type ParkedError struct {
+	Key Key
+	// Reason is why the record was parked (Record.LastError).
+	Reason string
+}
+
+// Error names the key and why it is parked.
+func (e *ParkedError) Error() string {
+	return fmt.Sprintf("%v (tenant %q, key %q): %s", ErrParked, e.Key.Tenant, e.Key.ID, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrParked) true.
+func (e *ParkedError) Is(target error) bool { return target == ErrParked }

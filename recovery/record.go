@@ -21,6 +21,11 @@ const (
 	StatusCompleted Status = "completed"
 	// StatusFailed: the work failed terminally; its error response is stored.
 	StatusFailed Status = "failed"
+	// StatusParked: the record was written by a workflow definition that the
+	// running one cannot safely resume (a step changed before its recovery
+	// point). Nothing runs it until an operator releases, resumes or fails
+	// it; LastError says why it was parked.
+	StatusParked Status = "parked"
 )
 
 // Record is one idempotency key's row.
@@ -31,7 +36,11 @@ type Record struct {
 	// was pruned derives different downstream keys.
 	ID uuid.UUID
 	// Workflow is the operation name the key was claimed for.
-	Workflow    string
+	Workflow string
+	// Definition is the fingerprint of the workflow definition that last
+	// ran the record; "" for a record that is not a workflow's, or was made
+	// before migration 0010.
+	Definition  string
 	Fingerprint Fingerprint
 	// Request is the stored request (JSON), so the work can resume without
 	// the client. nil when none was stored.
@@ -67,8 +76,9 @@ type Record struct {
 // the claim must present.
 func (r *Record) Fence() Fence { return Fence{Key: r.Key, Owner: r.Owner} }
 
-// Finished reports whether the record is completed or failed terminally.
-func (r *Record) Finished() bool { return r.Status != StatusInFlight }
+// Finished reports whether the record is completed or failed terminally:
+// its response is stored. A parked record is not finished.
+func (r *Record) Finished() bool { return r.Status == StatusCompleted || r.Status == StatusFailed }
 
 // Fence is what a write must present to change a record: the key and the
 // owner token its claim returned.
@@ -92,7 +102,7 @@ type Response struct {
 // in the order scanRecord reads them.
 const recordColumns = `tenant_id, key, id, workflow, request_hash, request, owner, status,
 	recovery_point, state, locked_until, attempts, last_error,
-	response_status, response_body, response_header, created_at, updated_at, completed_at`
+	response_status, response_body, response_header, created_at, updated_at, completed_at, definition`
 
 // scanRecord reads recordColumns, then extra columns into extra.
 func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
@@ -107,11 +117,12 @@ func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
 		responseBody   []byte
 		responseHeader []byte
 		completedAt    pgtype.Timestamptz
+		definition     pgtype.Text
 	)
 	dest := append([]any{
 		&r.Key.Tenant, &r.Key.ID, &r.ID, &r.Workflow, &hash, &r.Request, &r.Owner, &status,
 		&recoveryPoint, &r.State, &lockedUntil, &r.Attempts, &lastError,
-		&responseStatus, &responseBody, &responseHeader, &r.CreatedAt, &r.UpdatedAt, &completedAt,
+		&responseStatus, &responseBody, &responseHeader, &r.CreatedAt, &r.UpdatedAt, &completedAt, &definition,
 	}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return nil, err
@@ -120,6 +131,7 @@ func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
 	r.Status = Status(status)
 	r.RecoveryPoint = recoveryPoint.String
 	r.LastError = lastError.String
+	r.Definition = definition.String
 	r.Released = lockedUntil.Valid && lockedUntil.InfinityModifier == pgtype.NegativeInfinity
 	if lockedUntil.Valid && lockedUntil.InfinityModifier == pgtype.Finite {
 		r.LockedUntil = lockedUntil.Time

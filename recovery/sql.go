@@ -32,11 +32,11 @@ const (
 // Parameters: $1 tenant, $2 key, $3 new id, $4 workflow, $5 fingerprint,
 // $6 request, $7 new owner, $8 lease in microseconds, $9 the error recorded
 // when taking over a lease whose holder stopped without releasing it, $10
-// the principal's hash.
+// the principal's hash, $11 the definition (migration 0010).
 var claimSQL = `
 SELECT ` + recordColumns + `, CASE WHEN id = $3 THEN 1 WHEN owner = $7 THEN 2
     WHEN coalesce(principal_hash, sha256(convert_to(tenant_id, 'UTF8'))) <> $10 THEN 4 ELSE 3 END, clock_timestamp()
-FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid, $8::bigint, $9::text, $10::bytea) c`
+FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid, $8::bigint, $9::text, $10::bytea, $11::text) c`
 
 // takeoverSQL takes over an expired lease whatever the fingerprint, for work
 // resumed from its stored request. The rule and what a takeover writes are
@@ -81,7 +81,9 @@ WHERE ` + fence
     completed_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE ` + fence
 
-	releaseSQL = `UPDATE {keys} SET locked_until = '-infinity', owner = gen_random_uuid(),
+	// releaseSQL sets the status too: an operator's release of a parked
+	// record puts it back in flight.
+	releaseSQL = `UPDATE {keys} SET status = 'in_flight', locked_until = '-infinity', owner = gen_random_uuid(),
     attempts = attempts + 1, last_error = $4, updated_at = clock_timestamp()
 WHERE ` + fence
 
@@ -95,12 +97,41 @@ WHERE ` + fence
 WHERE ` + fence + `
 RETURNING locked_until`
 
-	// leaseOver is the guard an operator's release or fail adds to the
-	// fence, in the statement that writes: the lease ended by the database
-	// clock (a released one at -infinity), so a holder that renewed it
-	// since the operator looked keeps it.
-	leaseOver = `
-  AND locked_until < clock_timestamp()`
+	// operatorFence replaces the fence of an operator's release or fail, in
+	// the statement that writes: the record is parked, or in flight with a
+	// lease that ended by the database clock (a released one at
+	// -infinity), so that a holder that renewed it since the operator
+	// looked keeps it.
+	operatorFence = `tenant_id = $1 AND key = $2 AND owner = $3
+  AND (status = 'parked' OR (status = 'in_flight' AND locked_until < clock_timestamp()))`
+
+	// parkSQL parks a record the attempt holding it may not run: no lease,
+	// a retired owner token, $4 why.
+	parkSQL = `UPDATE {keys} SET status = 'parked', locked_until = NULL, owner = gen_random_uuid(),
+    last_error = $4, updated_at = clock_timestamp()
+WHERE ` + fence
+
+	// restampSQL records that the attempt holding the record runs it under
+	// definition $4, from recovery point $5 (renamed) with state $6
+	// (upgraded): what a resume under a changed definition writes first.
+	restampSQL = `UPDATE {keys} SET definition = $4, recovery_point = $5, state = coalesce($6::json, state)
+WHERE ` + fence
+
+	// unparkSQL puts a parked record back in flight under definition $4,
+	// released so that the next claim or the completer takes it over at
+	// once; $5 is kept as the last error.
+	unparkSQL = `UPDATE {keys} SET status = 'in_flight', locked_until = '-infinity', owner = gen_random_uuid(),
+    definition = $4, last_error = $5, updated_at = clock_timestamp()
+WHERE tenant_id = $1 AND key = $2 AND owner = $3 AND status = 'parked'`
+
+	saveDefinitionSQL = `INSERT INTO {schema}.onceflow_definitions (workflow, fingerprint, version, spec)
+VALUES ($1, $2, $3, $4::json) ON CONFLICT (workflow, fingerprint) DO NOTHING`
+
+	// definitionsSQL lists stored definitions: $1 workflow ("" all), $2
+	// fingerprint ("" all).
+	definitionsSQL = `SELECT workflow, fingerprint, version, spec, created_at FROM {schema}.onceflow_definitions
+WHERE ($1 = '' OR workflow = $1) AND ($2 = '' OR fingerprint = $2)
+ORDER BY workflow, created_at, fingerprint`
 
 	deleteUnstartedSQL = `DELETE FROM {keys} WHERE ` + fence + ` AND recovery_point IS NULL`
 
@@ -125,6 +156,7 @@ type queries struct {
 	claim, takeover, load, list, advance, finish, release, handBack, renew, deleteUnstarted, expire string
 	advanceOrFail, finishOrFail                                                                     string
 	releaseLeaseOver, finishLeaseOver                                                               string
+	park, restamp, unpark, saveDefinition, definitions                                              string
 }
 
 func newQueries(schema string) *queries {
@@ -146,7 +178,13 @@ func newQueries(schema string) *queries {
 		renew:           expand(renewSQL),
 		deleteUnstarted: expand(deleteUnstartedSQL),
 
-		releaseLeaseOver: expand(releaseSQL + leaseOver),
-		finishLeaseOver:  expand(finishSQL + leaseOver),
+		releaseLeaseOver: expand(strings.Replace(releaseSQL, fence, operatorFence, 1)),
+		finishLeaseOver:  expand(strings.Replace(finishSQL, fence, operatorFence, 1)),
+
+		park:           expand(parkSQL),
+		restamp:        expand(restampSQL),
+		unpark:         expand(unparkSQL),
+		saveDefinition: expand(saveDefinitionSQL),
+		definitions:    expand(definitionsSQL),
 	}
 }

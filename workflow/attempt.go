@@ -41,6 +41,7 @@ type attempt[Req, State any] struct {
 	// fromRecord: the request comes from the record the claim returns
 	// (Resume), not from the caller.
 	fromRecord bool
+	hops       int // how often the record was handed to another version
 
 	conn      *pgxpool.Conn // the connection the open transaction is on
 	tx        *phaseTx      // the open transaction, if any
@@ -85,7 +86,11 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, req 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidInput, err)
 	}
-	params := recovery.ClaimParams{Key: key, Workflow: w.name, Fingerprint: fp, Request: canonical, Principal: opts.principal}
+	if err := e.ensureSaved(ctx, w); err != nil {
+		return nil, fmt.Errorf("workflow %s: %w", w.name, err)
+	}
+	params := recovery.ClaimParams{Key: key, Workflow: w.name, Fingerprint: fp, Request: canonical, Principal: opts.principal,
+		Definition: w.spec().Fingerprint}
 	a := &attempt[Req, State]{e: e, w: w, key: key,
 		claim: func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
 			return s.Claim(ctx, params)
@@ -99,8 +104,8 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, req 
 }
 
 // resume continues the workflow of rec from its stored request.
-func (w *Workflow[Req, State]) resume(ctx context.Context, e *Engine, rec *recovery.Record) (*Result, error) {
-	a := &attempt[Req, State]{e: e, w: w, key: rec.Key, fromRecord: true,
+func (w *Workflow[Req, State]) resume(ctx context.Context, e *Engine, rec *recovery.Record, hops int) (*Result, error) {
+	a := &attempt[Req, State]{e: e, w: w, key: rec.Key, fromRecord: true, hops: hops,
 		claim: func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
 			return seam.StoreOf(s).Takeover(ctx, rec.Key, w.name)
 		},
@@ -140,6 +145,7 @@ func (a *attempt[Req, State]) execute(ctx context.Context) (res *Result, err err
 	}
 	for a.next < len(steps) {
 		step := steps[a.next]
+		a.run.KeyStep = a.w.keyStep(step.Name())
 		if a.tx == nil {
 			if err := a.e.crashPoint(ctx, a.key, BeforeStep, step.Name()); err != nil {
 				return nil, err
@@ -190,20 +196,109 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 			return a.failed(ctx, "", fmt.Errorf("decode stored request: %w", err))
 		}
 	}
-	next, ok := a.w.indexAfter(rec.RecoveryPoint)
+	r, err := a.e.route(ctx, a.w, rec)
+	switch {
+	case err != nil:
+		return a.failed(ctx, "", err)
+	case r.park != "":
+		return a.park(ctx, r.park)
+	case r.other != nil:
+		return a.handOver(ctx, r.other)
+	}
+	next, ok := a.w.indexAfter(r.point)
 	if !ok {
-		return a.failed(ctx, "", fmt.Errorf("recovery point %q is not a step of workflow %s", rec.RecoveryPoint, a.w.name))
+		return a.failed(ctx, "", fmt.Errorf("recovery point %q is not a step of workflow %s", r.point, a.w.name))
 	}
 	a.next = next
-	if len(rec.State) > 0 {
-		if err := json.Unmarshal(rec.State, &a.run.State); err != nil {
-			return a.failed(ctx, "", fmt.Errorf("decode stored state: %w", err))
-		}
+	if err := a.loadState(ctx, rec, r); err != nil {
+		return a.failed(ctx, "", err)
 	}
 	if outcome == recovery.OutcomeTakeover {
 		a.e.logger.InfoContext(ctx, "resuming workflow", a.logAttrs("", slog.String("after", rec.RecoveryPoint))...)
 	}
 	return nil, nil
+}
+
+// loadState decodes the record's state, through the definition's state
+// upgrader when another definition wrote it, and, when the record was
+// written by another definition (or before definitions were stored),
+// records that this one now runs it: its fingerprint, the recovery point in
+// its names, and the upgraded state.
+func (a *attempt[Req, State]) loadState(ctx context.Context, rec *recovery.Record, r route) error {
+	upgraded := false
+	switch {
+	case len(rec.State) == 0:
+	case r.from != nil && a.w.upgradeState != nil:
+		state, err := a.w.upgradeState(rec.State)
+		if err != nil {
+			return fmt.Errorf("upgrade state written by version %s: %w", r.from.Version, err)
+		}
+		a.run.State, upgraded = state, true
+	default:
+		if err := json.Unmarshal(rec.State, &a.run.State); err != nil {
+			return fmt.Errorf("decode stored state: %w", err)
+		}
+	}
+	if r.from == nil && rec.Definition != "" {
+		return nil
+	}
+	var state []byte
+	if upgraded {
+		var err error
+		if state, err = json.Marshal(a.run.State); err != nil {
+			return fmt.Errorf("encode upgraded state: %w", err)
+		}
+	}
+	sp := a.w.spec()
+	if err := seam.StoreOf(a.store()).Restamp(ctx, a.rec.Fence(), sp.Fingerprint, r.point, state); err != nil {
+		return fenced(err)
+	}
+	if r.from != nil {
+		a.e.logger.InfoContext(ctx, "resuming a record another definition wrote",
+			a.logAttrs("", slog.String("from_version", r.from.Version), slog.String("version", sp.Version),
+				slog.String("after", r.point))...)
+	}
+	return nil
+}
+
+// park parks the record this attempt claimed: the running definition may
+// not resume it (reason says why). Its lease ends with it, so that no
+// process loops on it; a retry gets ErrParked until an operator acts.
+func (a *attempt[Req, State]) park(ctx context.Context, reason string) (*Result, error) {
+	err := seam.StoreOf(a.store()).Park(ctx, a.rec.Fence(), reason)
+	if err == nil && a.tx != nil {
+		err = a.commit(ctx)
+	}
+	if err != nil {
+		return a.failed(ctx, "", fmt.Errorf("park: %w", fenced(err)))
+	}
+	a.claimOpen = false
+	a.e.logger.WarnContext(ctx, "record parked: its definition changed before its recovery point; it waits for an operator",
+		a.logAttrs("", slog.String("recorded_definition", a.rec.Definition), slog.String("version", a.w.spec().Version),
+			slog.String("recovery_point", a.rec.RecoveryPoint), slog.String("reason", reason))...)
+	a.e.observeParked(a.w.name)
+	return nil, &recovery.ParkedError{Key: a.key, Reason: reason}
+}
+
+// handOver gives the record to d, the registered version that wrote it
+// (see Versions). A claim still uncommitted rolls back, leaving the record
+// as it was; a committed takeover hands its lease back without counting an
+// attempt. d then takes the record over as Resume would.
+func (a *attempt[Req, State]) handOver(ctx context.Context, d runnable) (*Result, error) {
+	version := d.spec().Version
+	if a.hops >= maxHops {
+		return a.failed(ctx, "", fmt.Errorf("the record's definition changed while it was handed to version %s", version))
+	}
+	if a.claimOpen {
+		a.rollback()
+		a.claimOpen = false
+	} else {
+		a.rollback()
+		if err := seam.StoreOf(a.e.store).HandBack(ctx, a.rec.Fence(), "handed to version "+version+", which wrote the record"); err != nil {
+			return nil, &StepError{Workflow: a.w.name, Attempt: a.run.Attempt, Err: fenced(err)}
+		}
+	}
+	return d.resume(ctx, a.e, a.rec, a.hops+1)
 }
 
 // claimWith claims the key: on its own, or opening the transaction of the

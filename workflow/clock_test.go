@@ -413,6 +413,7 @@ type stepTimes struct {
 
 func (s *stepTimes) Claimed(string, string) {}
 func (s *stepTimes) LeaseLost(string)       {}
+func (s *stepTimes) Parked(string)          {}
 func (s *stepTimes) StepFinished(_, step string, took time.Duration, _ error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

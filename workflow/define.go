@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"github.com/onceflow/onceflow/internal/seam"
@@ -12,21 +13,25 @@ import (
 // Key identifies one intent: an idempotency key within a tenant.
 type Key = recovery.Key
 
-// Definition is a declared workflow, whatever its request and state types.
-// Workflow[Req, State] is the only implementation.
+// Definition is a declared workflow, whatever its request and state types:
+// a *Workflow[Req, State], or several versions of one (Versions).
 type Definition interface {
 	// Name is the workflow's name, stored with each key record.
 	Name() string
-	// Steps lists the steps in order.
+	// Steps lists the steps in order (of the latest version).
 	Steps() []StepInfo
+	// Spec returns the definition as data (of the latest version).
+	Spec() Spec
 
-	resume(ctx context.Context, e *Engine, rec *recovery.Record) (*Result, error)
+	// versions lists the definitions it holds, oldest first.
+	versions() []runnable
 }
 
-// StepInfo describes one step of a definition.
-type StepInfo struct {
-	Name string
-	Kind phase.Kind
+// runnable is one definition the engine can run: a *Workflow[Req, State].
+type runnable interface {
+	Definition
+	spec() Spec
+	resume(ctx context.Context, e *Engine, rec *recovery.Record, hops int) (*Result, error)
 }
 
 // Workflow is a declared sequence of steps over a request of type Req and a
@@ -36,6 +41,11 @@ type Workflow[Req, State any] struct {
 	name   string
 	steps  []phase.Step[Req, State]
 	finish func(*State) Response
+
+	version      string
+	renamed      map[string]string // earlier name → name now
+	removed      []string
+	upgradeState func(old json.RawMessage) (State, error)
 }
 
 // Define declares a workflow. It panics if the definition is invalid (no
@@ -89,6 +99,8 @@ func (w *Workflow[Req, State]) Steps() []StepInfo {
 	return infos
 }
 
+func (w *Workflow[Req, State]) versions() []runnable { return []runnable{w} }
+
 // response builds the final response from s.
 func (w *Workflow[Req, State]) response(s *State) Response {
 	if w.finish == nil {
@@ -110,3 +122,61 @@ func (w *Workflow[Req, State]) indexAfter(point string) (int, bool) {
 	}
 	return 0, false
 }
+
+// VersionSet is several versions of one workflow, registered together (see
+// Versions).
+type VersionSet struct {
+	defs []runnable
+}
+
+// Versions keeps earlier definitions of a workflow registered next to the
+// current one, the last: a record resumes under the definition that wrote
+// it (the engine picks it by the fingerprint the record stores), while new
+// records use the current one. Register the result (Config.Workflows,
+// Engine.Register). Drop a version once no record it wrote is in flight
+// (onceflow keys list --status in_flight). It panics when the definitions
+// are not all of one workflow, or two have one fingerprint.
+func Versions(defs ...Definition) *VersionSet {
+	vs := &VersionSet{}
+	seen := map[string]bool{}
+	for _, d := range defs {
+		for _, r := range d.versions() {
+			sp := r.spec()
+			if len(vs.defs) > 0 && sp.Workflow != vs.defs[0].Name() {
+				panic(fmt.Errorf("%w: Versions of %s and %s: the definitions must be of one workflow", ErrInvalidInput, vs.defs[0].Name(), sp.Workflow))
+			}
+			if seen[sp.Fingerprint] {
+				panic(fmt.Errorf("%w: Versions of %s: two definitions are version %s", ErrInvalidInput, sp.Workflow, sp.Version))
+			}
+			seen[sp.Fingerprint] = true
+			vs.defs = append(vs.defs, r)
+		}
+	}
+	if len(vs.defs) == 0 {
+		panic(fmt.Errorf("%w: Versions of no definition", ErrInvalidInput))
+	}
+	return vs
+}
+
+func (vs *VersionSet) current() runnable { return vs.defs[len(vs.defs)-1] }
+
+// Name returns the workflow's name.
+func (vs *VersionSet) Name() string { return vs.current().Name() }
+
+// Steps lists the current version's steps.
+func (vs *VersionSet) Steps() []StepInfo { return vs.current().Steps() }
+
+// Spec returns the current version as data.
+func (vs *VersionSet) Spec() Spec { return vs.current().Spec() }
+
+// Specs returns every version as data, oldest first: what `workflows
+// export` writes.
+func (vs *VersionSet) Specs() []Spec {
+	specs := make([]Spec, len(vs.defs))
+	for i, d := range vs.defs {
+		specs[i] = d.spec()
+	}
+	return specs
+}
+
+func (vs *VersionSet) versions() []runnable { return vs.defs }

@@ -133,7 +133,15 @@ type Engine struct {
 	now         func() time.Time
 
 	mu        sync.RWMutex
-	workflows map[string]Definition
+	workflows map[string]*family
+	specs     map[string]*Spec // stored definitions read, by workflow and fingerprint
+	saved     map[string]bool  // definitions this engine stored, by fingerprint
+}
+
+// family is every registered version of one workflow.
+type family struct {
+	current runnable
+	byFP    map[string]runnable
 }
 
 // Result is what a run answered.
@@ -183,7 +191,9 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 		logger:      cfg.Logger,
 		observer:    cfg.Observer,
 		now:         cfg.Clock,
-		workflows:   map[string]Definition{},
+		workflows:   map[string]*family{},
+		specs:       map[string]*Spec{},
+		saved:       map[string]bool{},
 	}
 	if cfg.Hooks != nil {
 		e.hooks = *cfg.Hooks
@@ -195,17 +205,37 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 }
 
 // Register makes workflows resumable by this engine: Resume looks a record's
-// workflow up by name. Workflow.Run registers the workflow it runs. Two different
-// definitions under one name are an error: declare each workflow once, as a
-// package-level value, rather than per call.
+// workflow up by name, and its definition by the fingerprint the record
+// stores. Workflow.Run registers the workflow it runs. Two different
+// definitions under one name are an error unless registered together with
+// Versions: declare each workflow once, as a package-level value, rather
+// than per call.
 func (e *Engine) Register(defs ...Definition) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, d := range defs {
-		if existing, ok := e.workflows[d.Name()]; ok && existing != d {
-			return fmt.Errorf("%w: two workflow definitions are named %q", ErrInvalidInput, d.Name())
+		members := d.versions()
+		fam := e.workflows[d.Name()]
+		if fam == nil {
+			fam = &family{byFP: map[string]runnable{}}
 		}
-		e.workflows[d.Name()] = d
+		for _, m := range members {
+			sp := m.spec()
+			if existing, ok := fam.byFP[sp.Fingerprint]; ok && existing != m {
+				return fmt.Errorf("%w: two definitions of workflow %q are version %s; declare each once", ErrInvalidInput, d.Name(), sp.Version)
+			}
+			if _, ok := fam.byFP[sp.Fingerprint]; !ok && fam.current != nil && len(members) == 1 {
+				return fmt.Errorf("%w: two workflow definitions are named %q (versions %s and %s); register both with workflow.Versions to keep the old one for the records it wrote",
+					ErrInvalidInput, d.Name(), fam.current.spec().Version, sp.Version)
+			}
+		}
+		for _, m := range members {
+			fam.byFP[m.spec().Fingerprint] = m
+		}
+		if len(members) > 1 || fam.current == nil {
+			fam.current = members[len(members)-1]
+		}
+		e.workflows[d.Name()] = fam
 	}
 	return nil
 }
@@ -217,11 +247,39 @@ func (e *Engine) Workflows() []string {
 	return slices.Sorted(maps.Keys(e.workflows))
 }
 
-func (e *Engine) workflow(name string) (Definition, bool) {
+// Specs returns every registered definition as data, sorted by workflow,
+// each workflow's versions as registered with the current one last: what
+// `onceflow workflows export` writes for a deploy check (see Diff).
+func (e *Engine) Specs() []Spec {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
-	d, ok := e.workflows[name]
-	return d, ok
+	var specs []Spec
+	for _, name := range slices.Sorted(maps.Keys(e.workflows)) {
+		fam := e.workflows[name]
+		cur := fam.current.spec()
+		for _, fp := range slices.Sorted(maps.Keys(fam.byFP)) {
+			if fp != cur.Fingerprint {
+				specs = append(specs, fam.byFP[fp].spec())
+			}
+		}
+		specs = append(specs, cur)
+	}
+	return specs
+}
+
+// definitionFor returns the registered definition that runs rec: the one
+// with the record's fingerprint, else the workflow's current one.
+func (e *Engine) definitionFor(rec *recovery.Record) (runnable, bool) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	fam, ok := e.workflows[rec.Workflow]
+	if !ok {
+		return nil, false
+	}
+	if d, ok := fam.byFP[rec.Definition]; ok {
+		return d, true
+	}
+	return fam.current, true
 }
 
 // Store returns the engine's key-record store, for inspection and for
@@ -289,11 +347,11 @@ func (e *Engine) Resume(ctx context.Context, key Key) (*Result, error) {
 	if rec.Finished() {
 		return replayed(rec), nil
 	}
-	wf, ok := e.workflow(rec.Workflow)
+	wf, ok := e.definitionFor(rec)
 	if !ok {
 		return nil, fmt.Errorf("resume key %q of tenant %q: %w %q", key.ID, key.Tenant, ErrUnknownWorkflow, rec.Workflow)
 	}
-	return wf.resume(ctx, e, rec)
+	return wf.resume(ctx, e, rec, 0)
 }
 
 // replayed is the result of a finished record.

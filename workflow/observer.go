@@ -16,6 +16,8 @@ const (
 	ClaimMismatch = "mismatch"
 	// ClaimForbidden: the key's record belongs to another principal.
 	ClaimForbidden = "forbidden"
+	// ClaimParked: the key's record is parked for an operator.
+	ClaimParked = "parked"
 )
 
 // Observer is told what the engine does, for metrics (see package metrics).
@@ -28,6 +30,9 @@ type Observer interface {
 	StepFinished(workflow, step string, took time.Duration, err error)
 	// LeaseLost reports an attempt that found its key taken over.
 	LeaseLost(workflow string)
+	// Parked reports a record parked because the running definition may
+	// not resume it.
+	Parked(workflow string)
 }
 
 // claimOutcome names the outcome of a claim for an Observer; "" for errors
@@ -40,6 +45,8 @@ func claimOutcome(outcome recovery.Outcome, err error) string {
 		return ClaimMismatch
 	case errors.Is(err, ErrForbidden):
 		return ClaimForbidden
+	case errors.Is(err, ErrParked):
+		return ClaimParked
 	case err != nil:
 		return ""
 	}
@@ -64,5 +71,11 @@ func (e *Engine) observeStep(workflow, step string, started time.Time, err error
 func (e *Engine) observeLeaseLost(workflow string) {
 	if e.observer != nil {
 		e.observer.LeaseLost(workflow)
+	}
+}
+
+func (e *Engine) observeParked(workflow string) {
+	if e.observer != nil {
+		e.observer.Parked(workflow)
 	}
 }

@@ -334,6 +334,7 @@ func TestCommitBudget(t *testing.T) {
 		}
 		claimAlone := tc.ran[0] == 'F' || tc.runTakeover
 		want := commitBudget(tc.ran, claimAlone, tc.resume, tc.rejected)
+		require.NoError(t, e.SaveDefinitions(w.ctx)) // once per process, not per run
 
 		w.settled()
 		before := w.counter.Counts()

@@ -20,7 +20,7 @@ var mutants = []Mutant{
 	{
 		Name:   "lock-timeout-removed",
 		Breaks: "a duplicate's claim waits on the first claim's row lock for its whole first phase",
-		Edits: []Edit{{File: "migrations/sql/0009_takeover_function.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0010_definitions.up.sql",
 			Old: "    PERFORM set_config('lock_timeout', '10ms', true);\n", New: ""}},
 		Pkg: "./workflow", Run: "^TestDuplicateDoesNotWaitForTheFirstPhase$",
 	},
@@ -115,7 +115,7 @@ var mutants = []Mutant{
 	{
 		Name:   "tenant-dropped",
 		Breaks: "the claim reads a key's record whatever its tenant",
-		Edits: []Edit{{File: "migrations/sql/0009_takeover_function.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0010_definitions.up.sql",
 			Old: "WHERE k.tenant_id = p_tenant AND k.key = p_key;",
 			New: "WHERE k.key = p_key;"}},
 		Pkg: "./recovery", Run: "^TestTenantsAreIsolated$",
@@ -216,7 +216,8 @@ var mutants = []Mutant{
 		Name:   "operator-lease-checked-apart",
 		Breaks: "keys release and keys fail check the lease before their write, not in it",
 		Edits: []Edit{{File: "recovery/sql.go",
-			Old: "leaseOver = `\n  AND locked_until < clock_timestamp()`", New: "leaseOver = ``"}},
+			Old: "  AND (status = 'parked' OR (status = 'in_flight' AND locked_until < clock_timestamp()))`",
+			New: "  AND status IN ('parked', 'in_flight')`"}},
 		Pkg: "./cmd/onceflow", Run: "^TestKeysLeaveALeaseRenewedMeanwhileAlone$",
 	},
 	{

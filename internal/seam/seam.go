@@ -35,6 +35,9 @@ type Store interface {
 	FailLeaseOver(ctx context.Context, f recovery.Fence, resp recovery.Response, cause string) error
 	Stored(resp recovery.Response) recovery.Response
 	Takeover(ctx context.Context, k recovery.Key, workflow string) (*recovery.Record, recovery.Outcome, error)
+	Park(ctx context.Context, f recovery.Fence, reason string) error
+	Restamp(ctx context.Context, f recovery.Fence, definition, recoveryPoint string, state []byte) error
+	SaveDefinition(ctx context.Context, d recovery.StoredDefinition) error
 }
 
 // StoreOf returns the engine's view of s.

@@ -1,0 +1,192 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/onceflow/onceflow/internal/seam"
+	"github.com/onceflow/onceflow/recovery"
+)
+
+// ErrParked: the key's record was written by a definition the running one
+// cannot resume; it waits for an operator (HTTP 503, Retry-After).
+// errors.As gives a *recovery.ParkedError with the reason.
+var ErrParked = recovery.ErrParked
+
+// ErrNotParked: ResumeAs found a record that is not parked.
+var ErrNotParked = errors.New("idempotency key is not parked")
+
+// maxHops bounds how often an attempt hands a record to another registered
+// version: once, since the version it hands to is the record's own.
+const maxHops = 1
+
+// route is how an attempt runs the record it claimed.
+type route struct {
+	// other: another registered version wrote the record; it runs it.
+	other runnable
+	// from: the record was written by another definition, which this one
+	// may resume (the record's recovery point, in this definition's names,
+	// is point). nil when the record is this definition's own.
+	from  *Spec
+	point string
+	// park: why this definition may not run the record ("" when it may).
+	park string
+}
+
+// route decides how definition w runs rec, a record it just claimed.
+func (e *Engine) route(ctx context.Context, w runnable, rec *recovery.Record) (route, error) {
+	cur := w.spec()
+	if rec.Definition == "" || rec.Definition == cur.Fingerprint {
+		return route{point: rec.RecoveryPoint}, nil
+	}
+	if d, ok := e.definitionFor(rec); ok && d.spec().Fingerprint == rec.Definition {
+		return route{other: d}, nil
+	}
+	old, err := e.storedSpec(ctx, rec.Workflow, rec.Definition)
+	if err != nil {
+		return route{}, err
+	}
+	if old == nil {
+		return route{park: fmt.Sprintf("the definition that wrote the record (fingerprint %s) is neither registered nor stored; running version %s",
+			rec.Definition, cur.Version)}, nil
+	}
+	point, why := Resumable(*old, rec.RecoveryPoint, cur)
+	if why != "" {
+		return route{park: fmt.Sprintf("written by version %s, running version %s: %s", old.Version, cur.Version, why)}, nil
+	}
+	return route{from: old, point: point}, nil
+}
+
+// storedSpec returns the stored definition of workflow with fingerprint,
+// nil when none is stored.
+func (e *Engine) storedSpec(ctx context.Context, workflow, fingerprint string) (*Spec, error) {
+	cacheKey := workflow + "\x00" + fingerprint
+	e.mu.RLock()
+	sp, ok := e.specs[cacheKey]
+	e.mu.RUnlock()
+	if ok {
+		return sp, nil
+	}
+	defs, err := e.store.Definitions(ctx, workflow, fingerprint)
+	if err != nil || len(defs) == 0 {
+		return nil, err
+	}
+	sp = new(Spec)
+	if err := json.Unmarshal(defs[0].Spec, sp); err != nil {
+		return nil, fmt.Errorf("decode stored definition %s of %s: %w", fingerprint, workflow, err)
+	}
+	e.mu.Lock()
+	e.specs[cacheKey] = sp
+	e.mu.Unlock()
+	return sp, nil
+}
+
+// ensureSaved stores w's definition, once per engine, before w claims a
+// key: a process running a later definition reads it to decide whether it
+// may resume the records w wrote.
+func (e *Engine) ensureSaved(ctx context.Context, w runnable) error {
+	sp := w.spec()
+	e.mu.RLock()
+	done := e.saved[sp.Fingerprint]
+	e.mu.RUnlock()
+	if done {
+		return nil
+	}
+	body, err := json.Marshal(sp)
+	if err != nil {
+		return fmt.Errorf("encode definition of %s: %w", sp.Workflow, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.dbTimeout)
+	defer cancel()
+	err = seam.StoreOf(e.store).SaveDefinition(ctx, recovery.StoredDefinition{
+		Workflow: sp.Workflow, Fingerprint: sp.Fingerprint, Version: sp.Version, Spec: body})
+	if err != nil {
+		if ctx.Err() != nil && !errors.Is(err, ErrNotMigrated) {
+			err = fmt.Errorf("%w: store definition of %s: %w", ErrUnavailable, sp.Workflow, err)
+		}
+		return err
+	}
+	e.mu.Lock()
+	e.saved[sp.Fingerprint] = true
+	e.mu.Unlock()
+	return nil
+}
+
+// SaveDefinitions stores every registered definition that is not stored
+// yet. Run stores a definition before it first claims a key with it; call
+// SaveDefinitions at start-up to do it then, and to learn at once that the
+// database is unreachable or not migrated.
+func (e *Engine) SaveDefinitions(ctx context.Context) error {
+	e.mu.RLock()
+	var defs []runnable
+	for _, fam := range e.workflows {
+		for _, d := range fam.byFP {
+			defs = append(defs, d)
+		}
+	}
+	e.mu.RUnlock()
+	for _, d := range defs {
+		if err := e.ensureSaved(ctx, d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ResumeAs resolves a parked record: it runs the record under the
+// registered definition of its workflow whose version (or fingerprint) is
+// version, from its recovery point, without comparing definitions. The
+// operator vouches that version can continue what the record's definition
+// started. The record's recovery point must be a step of that version. The
+// change is fenced by the record's owner token as read: of two operators,
+// one wins, and the other gets ErrLeaseLost. `onceflow keys resume --as`
+// does the same from the command line, for whichever process runs the
+// record next.
+func (e *Engine) ResumeAs(ctx context.Context, key Key, version string) (*Result, error) {
+	rec, err := e.store.Load(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Status != recovery.StatusParked {
+		return nil, fmt.Errorf("resume key %q of tenant %q as %s: %w (status %s)", key.ID, key.Tenant, version, ErrNotParked, rec.Status)
+	}
+	d, err := e.version(rec.Workflow, version)
+	if err != nil {
+		return nil, err
+	}
+	sp := d.spec()
+	if rec.RecoveryPoint != "" && !sp.hasStep(rec.RecoveryPoint) {
+		return nil, fmt.Errorf("%w: resume key %q as version %s of %s: its recovery point %q is not a step of that version",
+			ErrInvalidInput, key.ID, sp.Version, sp.Workflow, rec.RecoveryPoint)
+	}
+	if err := e.store.Unpark(ctx, rec.Fence(), sp.Fingerprint, "resumed by an operator as version "+sp.Version); err != nil {
+		return nil, err
+	}
+	e.logger.InfoContext(ctx, "parked record resumed by an operator", "workflow", rec.Workflow, "tenant", key.Tenant, "key", key.ID,
+		"version", sp.Version)
+	return e.Resume(ctx, key)
+}
+
+// version returns the registered definition of workflow whose version
+// label or fingerprint is version.
+func (e *Engine) version(workflow, version string) (runnable, error) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	fam, ok := e.workflows[workflow]
+	if !ok {
+		return nil, fmt.Errorf("%w %q", ErrUnknownWorkflow, workflow)
+	}
+	var known []string
+	for _, d := range fam.byFP {
+		sp := d.spec()
+		if sp.Version == version || sp.Fingerprint == version {
+			return d, nil
+		}
+		known = append(known, sp.Version)
+	}
+	return nil, fmt.Errorf("%w: workflow %s has no registered version %q (registered: %s)",
+		ErrUnknownWorkflow, workflow, version, strings.Join(known, ", "))
+}

@@ -1,0 +1,329 @@
+package workflow
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/onceflow/onceflow/phase"
+)
+
+// fingerprintLength is how many bytes of SHA-256 a definition's fingerprint
+// keeps, in hex: collisions among one workflow's definitions are out of
+// reach.
+const fingerprintLength = 16
+
+// shortFingerprint is how many hex digits of a fingerprint label a
+// definition without an explicit version.
+const shortFingerprint = 12
+
+// Spec is a workflow definition as data: what a record's definition is
+// compared with, what the database keeps of every definition that claimed
+// a key, and what `onceflow workflows export` writes and `onceflow
+// workflows diff` reads.
+type Spec struct {
+	Workflow string `json:"workflow"`
+	// Version is the definition's label: its explicit version
+	// (Workflow.Version), or the first 12 hex digits of its fingerprint.
+	Version string `json:"version"`
+	// Fingerprint identifies the definition: a hash of its name, its
+	// explicit version, and its steps' names and kinds in order.
+	Fingerprint string     `json:"fingerprint"`
+	Steps       []StepInfo `json:"steps"`
+	// Renamed maps a step's earlier name to its name in this definition
+	// (Workflow.Changes with Renamed).
+	Renamed map[string]string `json:"renamed,omitempty"`
+	// Removed lists steps earlier definitions had and this one dropped
+	// (Workflow.Changes with Removed).
+	Removed []string `json:"removed,omitempty"`
+}
+
+// StepInfo describes one step of a definition.
+type StepInfo struct {
+	Name string     `json:"name"`
+	Kind phase.Kind `json:"kind"`
+}
+
+// Change is a declared difference between a definition and the ones before
+// it, so that records they wrote can be resumed by it: see Renamed and
+// Removed.
+type Change struct {
+	renamedFrom, renamedTo string
+	removed                string
+}
+
+// Renamed declares that step to was called from in earlier definitions. A
+// record whose recovery point is at or after from resumes at to, and to
+// keeps deriving its downstream keys from from (phase.Run.KeyStep), so that
+// a call that may have been made under the old name is made again with the
+// same key. Keep the declaration while records written under the old name
+// may be in flight; after a second rename, declare both (Renamed("a", "b"),
+// Renamed("b", "c")).
+func Renamed(from, to string) Change { return Change{renamedFrom: from, renamedTo: to} }
+
+// Removed declares that earlier definitions had step, and its effect is no
+// longer wanted. A record resumes without it when it had not started:
+// when it lies after the recovery point and is not a foreign call that may
+// have been made before a crash. A record that completed it, or may have
+// started it, is parked.
+func Removed(step string) Change { return Change{removed: step} }
+
+// Version gives the definition an explicit version, its label in logs,
+// parked records and `onceflow keys resume --as`. It is part of the
+// fingerprint. Call it (and Changes, UpgradeState) where the workflow is
+// defined, before it runs.
+func (w *Workflow[Req, State]) Version(version string) *Workflow[Req, State] {
+	if version != "" {
+		if err := checkDefinitionName("version", version); err != nil {
+			panic(fmt.Errorf("workflow %s: %w", w.name, err))
+		}
+	}
+	w.version = version
+	return w
+}
+
+// Changes declares how the definition differs from earlier ones (Renamed,
+// Removed), so that records they wrote resume under it instead of being
+// parked. It panics when a change contradicts the steps: a rename to a step
+// the workflow does not have, or from or of a step it still has.
+func (w *Workflow[Req, State]) Changes(changes ...Change) *Workflow[Req, State] {
+	for _, c := range changes {
+		if c.removed != "" {
+			w.removed = append(w.removed, c.removed)
+			continue
+		}
+		if w.renamed == nil {
+			w.renamed = map[string]string{}
+		}
+		w.renamed[c.renamedFrom] = c.renamedTo
+	}
+	if err := w.spec().validChanges(); err != nil {
+		panic(fmt.Errorf("workflow %s: %w", w.name, err))
+	}
+	return w
+}
+
+// UpgradeState sets how a state committed by an earlier definition is read
+// when a record resumes under this one: fn gets the stored JSON and returns
+// the state in this definition's shape. Without it the stored JSON is
+// decoded into State as it is. fn runs only for records written by another
+// definition; the state it returns is committed before any step runs.
+func (w *Workflow[Req, State]) UpgradeState(fn func(old json.RawMessage) (State, error)) *Workflow[Req, State] {
+	w.upgradeState = fn
+	return w
+}
+
+// Spec returns the definition as data.
+func (w *Workflow[Req, State]) Spec() Spec { return w.spec() }
+
+func (w *Workflow[Req, State]) spec() Spec {
+	s := Spec{Workflow: w.name, Steps: w.Steps(), Removed: slices.Clone(w.removed)}
+	if len(w.renamed) > 0 {
+		s.Renamed = make(map[string]string, len(w.renamed))
+		for from, to := range w.renamed {
+			s.Renamed[from] = to
+		}
+	}
+	h := sha256.New()
+	write := func(v string) {
+		h.Write(binary.AppendUvarint(nil, uint64(len(v))))
+		h.Write([]byte(v))
+	}
+	write("onceflow.definition.v1")
+	write(w.name)
+	write(w.version)
+	for _, st := range s.Steps {
+		write(st.Name)
+		write(st.Kind.String())
+	}
+	s.Fingerprint = hex.EncodeToString(h.Sum(nil)[:fingerprintLength])
+	s.Version = w.version
+	if s.Version == "" {
+		s.Version = s.Fingerprint[:shortFingerprint]
+	}
+	return s
+}
+
+// keyStep is the name step's downstream keys derive from: its first name.
+func (w *Workflow[Req, State]) keyStep(step string) string {
+	first := step
+	for range len(w.renamed) {
+		found := false
+		for from, to := range w.renamed {
+			if to == first {
+				first, found = from, true
+				break
+			}
+		}
+		if !found {
+			break
+		}
+	}
+	return first
+}
+
+// validChanges reports a rename or removal that contradicts the steps.
+func (s Spec) validChanges() error {
+	for from, to := range s.Renamed {
+		if s.hasStep(from) {
+			return fmt.Errorf("%w: Renamed(%q, %q): the workflow still has a step %q", ErrInvalidInput, from, to, from)
+		}
+		if final := s.renamedTo(from); !s.hasStep(final) {
+			return fmt.Errorf("%w: Renamed(%q, %q): the workflow has no step %q", ErrInvalidInput, from, to, final)
+		}
+	}
+	for _, r := range s.Removed {
+		if s.hasStep(r) {
+			return fmt.Errorf("%w: Removed(%q): the workflow still has that step", ErrInvalidInput, r)
+		}
+	}
+	return nil
+}
+
+func (s Spec) hasStep(name string) bool { return s.index(name) >= 0 }
+
+// index returns the position of step name, or -1.
+func (s Spec) index(name string) int {
+	return slices.IndexFunc(s.Steps, func(st StepInfo) bool { return st.Name == name })
+}
+
+// renamedTo follows the renames from name to its name in this definition.
+func (s Spec) renamedTo(name string) string {
+	for range len(s.Renamed) {
+		to, ok := s.Renamed[name]
+		if !ok {
+			break
+		}
+		name = to
+	}
+	return name
+}
+
+// Resumable decides whether a record that definition old wrote, with
+// recovery point point ("" for none), may be resumed by definition cur. It
+// returns the recovery point in cur's names, or why the record must be
+// parked instead. The rule:
+//
+//   - the steps the record may have done are every step up to and
+//     including the recovery point, and the foreign step after it, if any
+//     (its call may have been made before a crash);
+//   - each of them, renamed as cur declares, must be cur's step at the
+//     same position with the same kind, and none may be one cur removed;
+//   - whatever follows them may differ: steps added, removed or changed
+//     after them run as cur says.
+func Resumable(old Spec, point string, cur Spec) (string, string) {
+	last := -1
+	if point != "" {
+		if last = old.index(point); last < 0 {
+			return "", fmt.Sprintf("its recovery point %q is not a step of version %s", point, old.Version)
+		}
+	}
+	done := last + 1 // old.Steps[:done] are committed
+	touched := done  // old.Steps[:touched] may have run
+	if done < len(old.Steps) && old.Steps[done].Kind == phase.KindForeign {
+		touched++
+	}
+	for i, st := range old.Steps[:touched] {
+		state := "completed"
+		if i >= done {
+			state = "may have started"
+		}
+		if slices.Contains(cur.Removed, st.Name) {
+			return "", fmt.Sprintf("step %s, which version %s removes, %s", st.Name, cur.Version, state)
+		}
+		name := cur.renamedTo(st.Name)
+		if i >= len(cur.Steps) {
+			return "", fmt.Sprintf("step %s (%s) %s, and version %s has no step %d", st.Name, st.Kind, state, cur.Version, i+1)
+		}
+		if got := cur.Steps[i]; got.Name != name || got.Kind != st.Kind {
+			return "", fmt.Sprintf("step %d is %s (%s) in version %s, which %s, but %s (%s) in version %s",
+				i+1, st.Name, st.Kind, old.Version, state, got.Name, got.Kind, cur.Version)
+		}
+	}
+	if last < 0 {
+		return "", ""
+	}
+	return cur.Steps[last].Name, ""
+}
+
+// Finding is a recovery point at which records of an earlier definition
+// would be parked by the current ones (see Diff).
+type Finding struct {
+	Workflow string `json:"workflow"`
+	// From is the version that wrote the records; To the one that would
+	// resume them ("" when the workflow is gone).
+	From string `json:"from"`
+	To   string `json:"to,omitempty"`
+	// RecoveryPoint is "" for records with no step committed.
+	RecoveryPoint string `json:"recovery_point"`
+	Reason        string `json:"reason"`
+}
+
+// String says which records would park and why.
+func (f Finding) String() string {
+	at := "before any step"
+	if f.RecoveryPoint != "" {
+		at = "after " + f.RecoveryPoint
+	}
+	return fmt.Sprintf("%s %s %s: %s", f.Workflow, f.From, at, f.Reason)
+}
+
+// Diff lists, for definitions prev (the previous release's, as `onceflow
+// workflows export` writes them) and cur (this release's), every recovery
+// point at which an in-flight record of prev would be parked under cur: an
+// empty result means the deploy parks nothing. A definition of prev that
+// cur still registers (see Versions) finishes its own records. Run it in
+// CI so that an unsafe change fails there, not in production.
+func Diff(prev, cur []Spec) []Finding {
+	var findings []Finding
+	for _, old := range prev {
+		if slices.ContainsFunc(cur, func(s Spec) bool { return s.Workflow == old.Workflow && s.Fingerprint == old.Fingerprint }) {
+			continue
+		}
+		latest, ok := latestSpec(cur, old.Workflow)
+		points := append([]string{""}, stepNames(old.Steps)...)
+		for _, p := range points[:len(points)-1] { // a record past its last step is finished
+			f := Finding{Workflow: old.Workflow, From: old.Version, RecoveryPoint: p}
+			if !ok {
+				f.Reason = "no current definition has this workflow"
+			} else if _, f.Reason = Resumable(old, p, latest); f.Reason == "" {
+				continue
+			}
+			f.To = latest.Version
+			findings = append(findings, f)
+		}
+	}
+	return findings
+}
+
+// latestSpec returns the last spec of workflow in specs: the one new
+// records use.
+func latestSpec(specs []Spec, workflow string) (Spec, bool) {
+	for _, s := range slices.Backward(specs) {
+		if s.Workflow == workflow {
+			return s, true
+		}
+	}
+	return Spec{}, false
+}
+
+func stepNames(steps []StepInfo) []string {
+	names := make([]string, len(steps))
+	for i, s := range steps {
+		names[i] = s.Name
+	}
+	return names
+}
+
+// checkDefinitionName applies the input rules of names to a definition's
+// version label.
+func checkDefinitionName(field, v string) error {
+	if strings.TrimSpace(v) != v || v == "" || len(v) > 64 {
+		return fmt.Errorf("%w: %s %q must be 1 to 64 bytes without surrounding spaces", ErrInvalidInput, field, v)
+	}
+	return nil
+}
