@@ -79,8 +79,11 @@ func (s *Store) restamp(ctx context.Context, f Fence, definition, recoveryPoint 
 
 // Unpark puts the parked record f names (its owner token as read) back in
 // flight, to run under the workflow definition whose fingerprint is
-// definition: the next claim of the key, or the completer, takes it over
-// and resumes it after its recovery point under that definition. note is
+// definition (Record.ResumeAs): the next claim of the key, or the
+// completer, takes it over and resumes it after its recovery point under
+// that definition, reading its state through that definition's state
+// upgrader when another definition wrote it. A process that does not
+// register that definition parks the record again. note is
 // kept as the last error. It returns ErrLeaseLost when the record is no
 // longer parked under that owner token (another operator acted first).
 // Check first that definition can run the record: onceflow keys resume

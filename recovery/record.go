@@ -40,7 +40,11 @@ type Record struct {
 	// Definition is the fingerprint of the workflow definition that last
 	// ran the record; "" for a record that is not a workflow's, or was made
 	// before migration 0010.
-	Definition  string
+	Definition string
+	// ResumeAs is the fingerprint of the definition an operator chose to
+	// resume a parked record under (Store.Unpark); the next attempt runs
+	// the record under it and clears it.
+	ResumeAs    string
 	Fingerprint Fingerprint
 	// Request is the stored request (JSON), so the work can resume without
 	// the client. nil when none was stored.
@@ -102,7 +106,7 @@ type Response struct {
 // in the order scanRecord reads them.
 const recordColumns = `tenant_id, key, id, workflow, request_hash, request, owner, status,
 	recovery_point, state, locked_until, attempts, last_error,
-	response_status, response_body, response_header, created_at, updated_at, completed_at, definition`
+	response_status, response_body, response_header, created_at, updated_at, completed_at, definition, resume_as`
 
 // scanRecord reads recordColumns, then extra columns into extra.
 func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
@@ -118,11 +122,12 @@ func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
 		responseHeader []byte
 		completedAt    pgtype.Timestamptz
 		definition     pgtype.Text
+		resumeAs       pgtype.Text
 	)
 	dest := append([]any{
 		&r.Key.Tenant, &r.Key.ID, &r.ID, &r.Workflow, &hash, &r.Request, &r.Owner, &status,
 		&recoveryPoint, &r.State, &lockedUntil, &r.Attempts, &lastError,
-		&responseStatus, &responseBody, &responseHeader, &r.CreatedAt, &r.UpdatedAt, &completedAt, &definition,
+		&responseStatus, &responseBody, &responseHeader, &r.CreatedAt, &r.UpdatedAt, &completedAt, &definition, &resumeAs,
 	}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return nil, err
@@ -132,6 +137,7 @@ func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
 	r.RecoveryPoint = recoveryPoint.String
 	r.LastError = lastError.String
 	r.Definition = definition.String
+	r.ResumeAs = resumeAs.String
 	r.Released = lockedUntil.Valid && lockedUntil.InfinityModifier == pgtype.NegativeInfinity
 	if lockedUntil.Valid && lockedUntil.InfinityModifier == pgtype.Finite {
 		r.LockedUntil = lockedUntil.Time

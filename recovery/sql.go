@@ -114,14 +114,15 @@ WHERE ` + fence
 	// restampSQL records that the attempt holding the record runs it under
 	// definition $4, from recovery point $5 (renamed) with state $6
 	// (upgraded): what a resume under a changed definition writes first.
-	restampSQL = `UPDATE {keys} SET definition = $4, recovery_point = $5, state = coalesce($6::json, state)
+	// An operator's choice of definition (resume_as) is then spent.
+	restampSQL = `UPDATE {keys} SET definition = $4, recovery_point = $5, state = coalesce($6::json, state), resume_as = NULL
 WHERE ` + fence
 
-	// unparkSQL puts a parked record back in flight under definition $4,
-	// released so that the next claim or the completer takes it over at
-	// once; $5 is kept as the last error.
+	// unparkSQL puts a parked record back in flight, to be run under
+	// definition $4, released so that the next claim or the completer takes
+	// it over at once; $5 is kept as the last error.
 	unparkSQL = `UPDATE {keys} SET status = 'in_flight', locked_until = '-infinity', owner = gen_random_uuid(),
-    definition = $4, last_error = $5, updated_at = clock_timestamp()
+    resume_as = $4, last_error = $5, updated_at = clock_timestamp()
 WHERE tenant_id = $1 AND key = $2 AND owner = $3 AND status = 'parked'`
 
 	saveDefinitionSQL = `INSERT INTO {schema}.onceflow_definitions (workflow, fingerprint, version, spec)

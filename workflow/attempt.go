@@ -221,17 +221,17 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 
 // loadState decodes the record's state, through the definition's state
 // upgrader when another definition wrote it, and, when the record was
-// written by another definition (or before definitions were stored),
-// records that this one now runs it: its fingerprint, the recovery point in
-// its names, and the upgraded state.
+// written by another definition (or before definitions were stored, or an
+// operator chose this one), records that this one now runs it: its
+// fingerprint, the recovery point in its names, and the upgraded state.
 func (a *attempt[Req, State]) loadState(ctx context.Context, rec *recovery.Record, r route) error {
 	upgraded := false
 	switch {
 	case len(rec.State) == 0:
-	case r.from != nil && a.w.upgradeState != nil:
+	case r.upgrade && a.w.upgradeState != nil:
 		state, err := a.w.upgradeState(rec.State)
 		if err != nil {
-			return fmt.Errorf("upgrade state written by version %s: %w", r.from.Version, err)
+			return fmt.Errorf("upgrade state written by definition %s: %w", rec.Definition, err)
 		}
 		a.run.State, upgraded = state, true
 	default:
@@ -239,7 +239,7 @@ func (a *attempt[Req, State]) loadState(ctx context.Context, rec *recovery.Recor
 			return fmt.Errorf("decode stored state: %w", err)
 		}
 	}
-	if r.from == nil && rec.Definition != "" {
+	if !r.upgrade && rec.Definition != "" && rec.ResumeAs == "" {
 		return nil
 	}
 	var state []byte
@@ -253,9 +253,13 @@ func (a *attempt[Req, State]) loadState(ctx context.Context, rec *recovery.Recor
 	if err := seam.StoreOf(a.store()).Restamp(ctx, a.rec.Fence(), sp.Fingerprint, r.point, state); err != nil {
 		return fenced(err)
 	}
-	if r.from != nil {
+	if r.upgrade {
+		from := rec.Definition
+		if r.from != nil {
+			from = r.from.Version
+		}
 		a.e.logger.InfoContext(ctx, "resuming a record another definition wrote",
-			a.logAttrs("", slog.String("from_version", r.from.Version), slog.String("version", sp.Version),
+			a.logAttrs("", slog.String("from_version", from), slog.String("version", sp.Version),
 				slog.String("after", r.point))...)
 	}
 	return nil

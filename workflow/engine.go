@@ -268,7 +268,8 @@ func (e *Engine) Specs() []Spec {
 }
 
 // definitionFor returns the registered definition that runs rec: the one
-// with the record's fingerprint, else the workflow's current one.
+// an operator chose for it (Record.ResumeAs), else the one with the
+// record's fingerprint, else the workflow's current one.
 func (e *Engine) definitionFor(rec *recovery.Record) (runnable, bool) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
@@ -276,7 +277,7 @@ func (e *Engine) definitionFor(rec *recovery.Record) (runnable, bool) {
 	if !ok {
 		return nil, false
 	}
-	if d, ok := fam.byFP[rec.Definition]; ok {
+	if d, ok := fam.byFP[cmp.Or(rec.ResumeAs, rec.Definition)]; ok {
 		return d, true
 	}
 	return fam.current, true

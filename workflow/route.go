@@ -25,13 +25,14 @@ const maxHops = 1
 
 // route is how an attempt runs the record it claimed.
 type route struct {
-	// other: another registered version wrote the record; it runs it.
+	// other: another registered version is the record's; it runs it.
 	other runnable
-	// from: the record was written by another definition, which this one
-	// may resume (the record's recovery point, in this definition's names,
-	// is point). nil when the record is this definition's own.
-	from  *Spec
-	point string
+	// upgrade: another definition wrote the record, and this one resumes
+	// it, after point (the recovery point in this definition's names).
+	// from is that definition, when it is known.
+	upgrade bool
+	from    *Spec
+	point   string
 	// park: why this definition may not run the record ("" when it may).
 	park string
 }
@@ -39,6 +40,9 @@ type route struct {
 // route decides how definition w runs rec, a record it just claimed.
 func (e *Engine) route(ctx context.Context, w runnable, rec *recovery.Record) (route, error) {
 	cur := w.spec()
+	if rec.ResumeAs != "" {
+		return e.routeResumeAs(ctx, w, rec)
+	}
 	if rec.Definition == "" || rec.Definition == cur.Fingerprint {
 		return route{point: rec.RecoveryPoint}, nil
 	}
@@ -57,7 +61,31 @@ func (e *Engine) route(ctx context.Context, w runnable, rec *recovery.Record) (r
 	if why != "" {
 		return route{park: fmt.Sprintf("written by version %s, running version %s: %s", old.Version, cur.Version, why)}, nil
 	}
-	return route{from: old, point: point}, nil
+	return route{upgrade: true, from: old, point: point}, nil
+}
+
+// routeResumeAs routes a record an operator resumed as a definition of
+// their choice (Engine.ResumeAs, onceflow keys resume --as): that
+// definition runs it from its recovery point, without comparing
+// definitions. A process that does not register it parks the record again
+// rather than guess.
+func (e *Engine) routeResumeAs(ctx context.Context, w runnable, rec *recovery.Record) (route, error) {
+	if rec.ResumeAs != w.spec().Fingerprint {
+		if d, ok := e.definitionFor(rec); ok && d.spec().Fingerprint == rec.ResumeAs {
+			return route{other: d}, nil
+		}
+		return route{park: fmt.Sprintf("an operator resumed it as definition %s, which this process does not register (running version %s)",
+			rec.ResumeAs, w.spec().Version)}, nil
+	}
+	r := route{point: rec.RecoveryPoint, upgrade: rec.Definition != rec.ResumeAs}
+	if r.upgrade && rec.Definition != "" {
+		old, err := e.storedSpec(ctx, rec.Workflow, rec.Definition)
+		if err != nil {
+			return route{}, err
+		}
+		r.from = old
+	}
+	return r, nil
 }
 
 // storedSpec returns the stored definition of workflow with fingerprint,

@@ -59,4 +59,5 @@ ALTER TABLE {schema}.onceflow_keys
         WHEN 'completed' THEN locked_until IS NULL
         WHEN 'failed' THEN locked_until IS NULL
         ELSE false END),
-    DROP COLUMN definition;
+    DROP COLUMN definition,
+    DROP COLUMN resume_as;

@@ -16,6 +16,7 @@
 -- decides as 0009's does.
 ALTER TABLE {schema}.onceflow_keys
     ADD COLUMN definition text CHECK (octet_length(definition) BETWEEN 1 AND 255),
+    ADD COLUMN resume_as text CHECK (octet_length(resume_as) BETWEEN 1 AND 255),
     DROP CONSTRAINT onceflow_keys_lease_check,
     ADD CONSTRAINT onceflow_keys_lease_check CHECK (CASE status
         WHEN 'in_flight' THEN locked_until IS NOT NULL
