@@ -73,6 +73,13 @@ var Checkout *workflow.Workflow[CheckoutRequest, CheckoutState]
 var relay *outbox.Relay
 `
 
+// sharedDecls are checkoutDecl's declarations one by one, for declaration
+// fragments, which may define some of them.
+var sharedDecls = map[string]string{
+	"Checkout": "var Checkout *workflow.Workflow[CheckoutRequest, CheckoutState]\n",
+	"relay":    "var relay *outbox.Relay\n",
+}
+
 // stmtsFunc opens the function a stmts fragment runs in.
 const stmtsFunc = `func fragment(t *testing.T, ctx context.Context, pool *pgxpool.Pool, tx pgx.Tx, r *http.Request,
 	mux *http.ServeMux, engine *workflow.Engine, cfg idemhttp.Config, req CheckoutRequest,
@@ -102,6 +109,15 @@ func Wrap(b Block, harness, pkg string) ([]byte, error) {
 	line := fmt.Sprintf("//line %s:%d\n", b.Path, b.Line+1)
 	switch harness {
 	case "decls":
+		f, err := parser.ParseFile(token.NewFileSet(), "", "package p\n"+b.Text, parser.SkipObjectResolution)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", b.Where(), err)
+		}
+		for _, name := range slices.Sorted(maps.Keys(sharedDecls)) {
+			if !declares(f, name) {
+				src.WriteString(sharedDecls[name])
+			}
+		}
 		src.WriteString(line + b.Text)
 	case "stmts":
 		src.WriteString(checkoutDecl + stmtsFunc + line + b.Text)
@@ -117,6 +133,32 @@ func Wrap(b Block, harness, pkg string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: no harness %q (have %s)", b.Where(), harness, strings.Join(Harnesses, ", "))
 	}
 	return withImports(pkg, src.String())
+}
+
+// declares reports whether f declares name at package level.
+func declares(f *ast.File, name string) bool {
+	for _, d := range f.Decls {
+		switch d := d.(type) {
+		case *ast.FuncDecl:
+			if d.Name.Name == name {
+				return true
+			}
+		case *ast.GenDecl:
+			for _, spec := range d.Specs {
+				switch spec := spec.(type) {
+				case *ast.ValueSpec:
+					if slices.ContainsFunc(spec.Names, func(id *ast.Ident) bool { return id.Name == name }) {
+						return true
+					}
+				case *ast.TypeSpec:
+					if spec.Name.Name == name {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
 }
 
 // definedNames are the names the top-level statements of the function
