@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/phase"
@@ -46,6 +47,7 @@ type Workflow[Req, State any] struct {
 	renamed      map[string]string // earlier name → name now
 	removed      []string
 	upgradeState func(old json.RawMessage) (State, error)
+	specOnce     atomic.Pointer[Spec] // spec, computed once the definition is complete
 }
 
 // Define declares a workflow. It panics if the definition is invalid (no

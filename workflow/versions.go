@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -83,6 +84,7 @@ func (w *Workflow[Req, State]) Version(version string) *Workflow[Req, State] {
 		}
 	}
 	w.version = version
+	w.specOnce.Store(nil)
 	return w
 }
 
@@ -101,6 +103,7 @@ func (w *Workflow[Req, State]) Changes(changes ...Change) *Workflow[Req, State] 
 		}
 		w.renamed[c.renamedFrom] = c.renamedTo
 	}
+	w.specOnce.Store(nil)
 	if err := w.spec().validChanges(); err != nil {
 		panic(fmt.Errorf("workflow %s: %w", w.name, err))
 	}
@@ -118,16 +121,28 @@ func (w *Workflow[Req, State]) UpgradeState(fn func(old json.RawMessage) (State,
 }
 
 // Spec returns the definition as data.
-func (w *Workflow[Req, State]) Spec() Spec { return w.spec() }
+func (w *Workflow[Req, State]) Spec() Spec {
+	s := w.spec()
+	s.Steps = slices.Clone(s.Steps)
+	s.Removed = slices.Clone(s.Removed)
+	s.Renamed = maps.Clone(s.Renamed)
+	return s
+}
 
+// spec returns the definition as data, computed once; the engine only
+// reads it.
 func (w *Workflow[Req, State]) spec() Spec {
-	s := Spec{Workflow: w.name, Steps: w.Steps(), Removed: slices.Clone(w.removed)}
-	if len(w.renamed) > 0 {
-		s.Renamed = make(map[string]string, len(w.renamed))
-		for from, to := range w.renamed {
-			s.Renamed[from] = to
-		}
+	if s := w.specOnce.Load(); s != nil {
+		return *s
 	}
+	s := w.computeSpec()
+	w.specOnce.Store(&s)
+	return s
+}
+
+func (w *Workflow[Req, State]) computeSpec() Spec {
+	s := Spec{Workflow: w.name, Steps: w.Steps(), Removed: slices.Clone(w.removed)}
+	s.Renamed = maps.Clone(w.renamed)
 	h := sha256.New()
 	write := func(v string) {
 		h.Write(binary.AppendUvarint(nil, uint64(len(v))))
