@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
+	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
 
@@ -220,7 +223,7 @@ func (c Case[Req, State]) experiment(ctx context.Context, want workflow.Response
 		return errors.Join(errs...)
 	}
 
-	if err := c.fencedOut(want, zombie.finish()); err != nil {
+	if err := c.fencedOut(ctx, recovering, want, zombie); err != nil {
 		return err
 	}
 	if err := check(ctx, world); err != nil {
@@ -260,17 +263,48 @@ func (c Case[Req, State]) recover(ctx context.Context, e *workflow.Engine, world
 // errKilled stops an attempt at a crash point inside a transaction.
 var errKilled = errors.New("killed before its commit")
 
-// fencedOut checks what the woken attempt did: it either lost its lease or
-// answered with the response the key holds (or it died at its crash point).
-func (c Case[Req, State]) fencedOut(want workflow.Response, r result) error {
-	switch {
-	case errors.Is(r.err, workflow.ErrLeaseLost), errors.Is(r.err, errKilled):
+// fencedOut wakes the stopped attempt and checks what it did: it lost its
+// lease, died at its crash point, answered with the response the key
+// holds, or failed (a step of it may conflict with what the recovery
+// wrote, such as a row with the same unique key); and it wrote nothing to
+// the key's record.
+func (c Case[Req, State]) fencedOut(ctx context.Context, e *workflow.Engine, want workflow.Response, z *zombie) error {
+	before, err := e.Store().Load(ctx, c.Key)
+	if err != nil {
+		return fmt.Errorf("load the recovered record: %w", err)
+	}
+	r := z.finish()
+	after, err := e.Store().Load(ctx, c.Key)
+	if err != nil {
+		return fmt.Errorf("load the record after the stopped attempt woke: %w", err)
+	}
+	if err := sameRecord(before, after); err != nil {
+		return fmt.Errorf("the woken attempt (which returned error %v) wrote the key's record: %w", r.err, err)
+	}
+	if r.err != nil {
 		return nil
-	case r.err != nil:
-		return fmt.Errorf("the woken attempt failed other than by losing its lease: %w", r.err)
 	}
 	if err := c.SameResponse(want, r.res.Response); err != nil {
 		return fmt.Errorf("the woken attempt answered differently: %w", err)
+	}
+	return nil
+}
+
+// sameRecord reports how got differs from want in what a write to a key
+// record changes.
+func sameRecord(want, got *recovery.Record) error {
+	type written struct {
+		Owner                                uuid.UUID
+		Status                               recovery.Status
+		RecoveryPoint, Definition, LastError string
+		State                                string
+		Attempts                             int
+		UpdatedAt, CompletedAt               time.Time
+	}
+	w := written{want.Owner, want.Status, want.RecoveryPoint, want.Definition, want.LastError, string(want.State), want.Attempts, want.UpdatedAt, want.CompletedAt}
+	g := written{got.Owner, got.Status, got.RecoveryPoint, got.Definition, got.LastError, string(got.State), got.Attempts, got.UpdatedAt, got.CompletedAt}
+	if w != g {
+		return fmt.Errorf("%+v, was %+v", g, w)
 	}
 	return nil
 }

@@ -12,8 +12,8 @@
 // the sweeper would ([workflow.Engine.Resume]). It checks that the recovered response
 // equals the uncrashed one and that the world's invariant holds. Then it
 // wakes the stopped attempt, as a paused process that resumes after its
-// lease was taken over: every write it tries must be fenced out, and the
-// invariant must still hold.
+// lease was taken over: every write it tries to the key's record must be
+// fenced out, and the invariant must still hold.
 //
 //	func TestCheckoutSurvivesCrashes(t *testing.T) {
 //		crashtest.Run(t, crashtest.Case[Order, State]{
