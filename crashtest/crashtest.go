@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +29,9 @@ const TimeoutDefault = time.Minute
 type World[Req, State any] struct {
 	DB       workflow.DB
 	Workflow *workflow.Workflow[Req, State]
+	// Next is the workflow's next definition, bound to the same world: what
+	// the next release deploys. Upgrade needs it; Explore ignores it.
+	Next *workflow.Workflow[Req, State]
 	// Check verifies the invariant after the work finished: check exactly
 	// once, not at most once (one row per business effect, one effect per
 	// downstream operation), or a step skipped on recovery goes unnoticed.
@@ -74,12 +78,18 @@ const (
 type Outcome struct {
 	Point    workflow.CrashPoint
 	Recovery Recovery
+	// Parked reports that the recovering definition parked the record
+	// (Upgrade), and an operator's resume as the definition that wrote it
+	// finished the work.
+	Parked bool
 	// Err is nil when the experiment passed.
 	Err error
 }
 
 // Report is what Explore found.
 type Report struct {
+	// Definition is the definition stopped at each crash point.
+	Definition workflow.Spec
 	// Response is the uncrashed run's response.
 	Response workflow.Response
 	// Points are the crash points the uncrashed run passed, in order.
@@ -101,6 +111,42 @@ func (r *Report) Err() error {
 	return errors.Join(errs...)
 }
 
+// Parked lists, in order, the crash points after which a recovery parked
+// the record (Upgrade).
+func (r *Report) Parked() []workflow.CrashPoint {
+	return r.pointsWhere(func(o Outcome) bool { return o.Parked })
+}
+
+// Resumed lists, in order, the crash points after which a recovery
+// finished the work without parking the record: it resumed the record,
+// replayed it, or ran the workflow afresh when the crash came before the
+// claim. A point at which one recovery parked and the other did not is in
+// both lists.
+func (r *Report) Resumed() []workflow.CrashPoint {
+	return r.pointsWhere(func(o Outcome) bool { return !o.Parked })
+}
+
+func (r *Report) pointsWhere(match func(Outcome) bool) []workflow.CrashPoint {
+	var points []workflow.CrashPoint
+	for _, o := range r.Outcomes {
+		if match(o) && !slices.Contains(points, o.Point) {
+			points = append(points, o.Point)
+		}
+	}
+	return points
+}
+
+// failTest fails t for every failed experiment of r, each message after
+// prefix.
+func (r *Report) failTest(t testing.TB, prefix string) {
+	t.Helper()
+	for _, o := range r.Outcomes {
+		if o.Err != nil {
+			t.Errorf("%scrash %s, recovered by %s: %v", prefix, o.Point, o.Recovery, o.Err)
+		}
+	}
+}
+
 // Run explores c and fails t for every experiment that fails.
 func Run[Req, State any](t testing.TB, c Case[Req, State]) *Report {
 	t.Helper()
@@ -108,11 +154,7 @@ func Run[Req, State any](t testing.TB, c Case[Req, State]) *Report {
 	if err != nil {
 		t.Fatalf("crashtest: %v", err)
 	}
-	for _, o := range report.Outcomes {
-		if o.Err != nil {
-			t.Errorf("crash %s, recovered by %s: %v", o.Point, o.Recovery, o.Err)
-		}
-	}
+	report.failTest(t, "")
 	t.Logf("crashtest: %d crash points x 2 recoveries, %d unreached", len(report.Points), len(report.Unreached))
 	return report
 }
@@ -120,6 +162,19 @@ func Run[Req, State any](t testing.TB, c Case[Req, State]) *Report {
 // Explore runs every experiment and reports each. Its error is for a case
 // that cannot be explored at all (the uncrashed run fails).
 func Explore[Req, State any](ctx context.Context, c Case[Req, State]) (*Report, error) {
+	c = c.withDefaults()
+	report, err := c.baseline(ctx, (*World[Req, State]).current)
+	if err != nil {
+		return nil, err
+	}
+	c.crashEach(ctx, report, deployment[Req, State]{
+		crashed: (*World[Req, State]).current, recovering: (*World[Req, State]).current,
+		crashedResponse: report.Response, recoveringResponse: report.Response,
+	})
+	return report, nil
+}
+
+func (c Case[Req, State]) withDefaults() Case[Req, State] {
 	if c.Key == (workflow.Key{}) {
 		c.Key = workflow.Key{Tenant: "crashtest", ID: "crashtest-1"}
 	}
@@ -127,21 +182,42 @@ func Explore[Req, State any](ctx context.Context, c Case[Req, State]) (*Report, 
 	if c.SameResponse == nil {
 		c.SameResponse = sameResponse
 	}
-	report, err := c.baseline(ctx)
-	if err != nil {
-		return nil, err
-	}
-	for _, p := range report.Points {
-		for _, r := range []Recovery{Retry, Resume} {
-			report.Outcomes = append(report.Outcomes, Outcome{Point: p, Recovery: r, Err: c.experiment(ctx, report.Response, p, r)})
-		}
-	}
-	return report, nil
+	return c
 }
 
-// baseline runs the workflow without crashing, recording the crash points
-// it passes.
-func (c Case[Req, State]) baseline(ctx context.Context) (*Report, error) {
+// definition picks one of a world's definitions of its workflow.
+type definition[Req, State any] func(*World[Req, State]) *workflow.Workflow[Req, State]
+
+func (w *World[Req, State]) current() *workflow.Workflow[Req, State] { return w.Workflow }
+func (w *World[Req, State]) next() *workflow.Workflow[Req, State]    { return w.Next }
+
+// deployment is which definition an exploration stops at each crash point
+// and which recovers: the same one for Explore; for Upgrade, one release's
+// and the other's.
+type deployment[Req, State any] struct {
+	crashed, recovering definition[Req, State]
+	// crashedResponse and recoveringResponse are their uncrashed runs'
+	// responses.
+	crashedResponse, recoveringResponse workflow.Response
+	// mayPark: the recovering definition may park the record instead of
+	// resuming it (Upgrade).
+	mayPark bool
+}
+
+// crashEach runs, for every crash point of report, an experiment with each
+// recovery, and adds their outcomes to report.
+func (c Case[Req, State]) crashEach(ctx context.Context, report *Report, d deployment[Req, State]) {
+	for _, p := range report.Points {
+		for _, r := range []Recovery{Retry, Resume} {
+			parked, err := c.experiment(ctx, d, p, r)
+			report.Outcomes = append(report.Outcomes, Outcome{Point: p, Recovery: r, Parked: parked, Err: err})
+		}
+	}
+}
+
+// baseline runs the definition pick chooses without crashing, recording
+// the crash points it passes.
+func (c Case[Req, State]) baseline(ctx context.Context, pick definition[Req, State]) (*Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
 	world, err := c.NewWorld(ctx)
@@ -149,7 +225,11 @@ func (c Case[Req, State]) baseline(ctx context.Context) (*Report, error) {
 		return nil, fmt.Errorf("new world: %w", err)
 	}
 	defer closeWorld(world)
-	report := &Report{}
+	w := pick(world)
+	if w == nil {
+		return nil, errors.New("the world has no Next definition to upgrade to")
+	}
+	report := &Report{Definition: w.Spec()}
 	cfg := c.Config
 	cfg.Hooks = &workflow.Hooks{CrashPoint: func(_ context.Context, _ workflow.Key, p workflow.CrashPoint) error {
 		report.Points = append(report.Points, p)
@@ -159,7 +239,7 @@ func (c Case[Req, State]) baseline(ctx context.Context) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	res, err := world.Workflow.Run(ctx, engine, c.Key, c.Request)
+	res, err := w.Run(ctx, engine, c.Key, c.Request)
 	if err != nil {
 		return nil, fmt.Errorf("the uncrashed run failed: %w", err)
 	}
@@ -171,7 +251,7 @@ func (c Case[Req, State]) baseline(ctx context.Context) (*Report, error) {
 	for _, p := range report.Points {
 		passed[p] = true
 	}
-	for _, p := range workflow.CrashPoints(world.Workflow) {
+	for _, p := range workflow.CrashPoints(w) {
 		if !passed[p] {
 			report.Unreached = append(report.Unreached, p)
 		}
@@ -179,85 +259,173 @@ func (c Case[Req, State]) baseline(ctx context.Context) (*Report, error) {
 	return report, nil
 }
 
-// experiment crashes a run at point, recovers it, and wakes the crashed
-// attempt. Before a commit, the attempt dies instead, its transaction rolled
-// back: stalling there would hold the locks recovery needs.
-func (c Case[Req, State]) experiment(ctx context.Context, want workflow.Response, point workflow.CrashPoint, how Recovery) error {
+// experiment stops a run of d's crashed definition at point, recovers it
+// with d's recovering one, and wakes the stopped attempt. Before a commit,
+// the attempt dies instead, its transaction rolled back: stalling there
+// would hold the locks recovery needs. It reports whether the recovery
+// parked the record.
+func (c Case[Req, State]) experiment(ctx context.Context, d deployment[Req, State], point workflow.CrashPoint, how Recovery) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
 	world, err := c.NewWorld(ctx)
 	if err != nil {
-		return fmt.Errorf("new world: %w", err)
+		return false, fmt.Errorf("new world: %w", err)
 	}
 	defer closeWorld(world)
 
-	zombie := c.crashingRun(ctx, world, point)
+	zombie := c.crashingRun(ctx, world.DB, d.crashed(world), point)
 	defer zombie.finish() // never leave it blocked or running
 	select {
 	case <-zombie.crashed:
 	case <-zombie.done:
-		return fmt.Errorf("the run finished without reaching the crash point (err: %v)", zombie.finish().err)
+		return false, fmt.Errorf("the run finished without reaching the crash point (err: %v)", zombie.finish().err)
 	case <-ctx.Done():
-		return fmt.Errorf("waiting for the crash: %w", ctx.Err())
+		return false, fmt.Errorf("waiting for the crash: %w", ctx.Err())
 	}
 
-	recovering, err := workflow.NewEngine(world.DB, c.recoveryConfig(world))
+	recovering := d.recovering(world)
+	engine, err := workflow.NewEngine(world.DB, c.recoveryConfig(recovering))
 	if err != nil {
-		return err
+		return false, err
 	}
-	if err := recovering.Store().ExpireLease(ctx, c.Key); err != nil && !errors.Is(err, workflow.ErrNotFound) {
-		return fmt.Errorf("expire the lease: %w", err)
+	if err := engine.Store().ExpireLease(ctx, c.Key); err != nil && !errors.Is(err, workflow.ErrNotFound) {
+		return false, fmt.Errorf("expire the lease: %w", err)
 	}
-	got, err := c.recover(ctx, recovering, world, how)
+	fin, err := c.recover(ctx, engine, world, d, how)
 	if err != nil {
-		return fmt.Errorf("recovery failed: %w", err)
+		return fin.parked, fmt.Errorf("recovery failed: %w", err)
 	}
+	return fin.parked, c.verify(ctx, world, engine, recovering, fin, zombie)
+}
+
+// verify checks a recovery that finished as fin: the invariant, the
+// response, and the definition the record names; then wakes the stopped
+// attempt, checks that it was fenced out and the invariant still holds,
+// and that a final retry with recovering replays the response.
+func (c Case[Req, State]) verify(ctx context.Context, world *World[Req, State], e *workflow.Engine,
+	recovering *workflow.Workflow[Req, State], fin finish[Req, State], z *zombie,
+) error {
 	var errs []error
 	if err := check(ctx, world); err != nil {
 		errs = append(errs, fmt.Errorf("after recovery: %w", err))
 	}
-	if err := c.SameResponse(want, got.Response); err != nil {
-		errs = append(errs, fmt.Errorf("the recovered response differs from the uncrashed one: %w", err))
+	if err := c.SameResponse(fin.want, fin.res.Response); err != nil {
+		errs = append(errs, fmt.Errorf("the recovered response differs from the uncrashed one of version %s: %w", fin.by.Spec().Version, err))
+	}
+	if err := c.finishedBy(ctx, e, fin.by); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
 
-	if err := c.fencedOut(ctx, recovering, want, zombie); err != nil {
+	if err := c.fencedOut(ctx, e, fin.want, z); err != nil {
 		return err
 	}
 	if err := check(ctx, world); err != nil {
 		return fmt.Errorf("after the crashed attempt woke: %w", err)
 	}
 
-	replay, err := world.Workflow.Run(ctx, recovering, c.Key, c.Request)
+	replay, err := recovering.Run(ctx, e, c.Key, c.Request)
 	switch {
 	case err != nil:
 		return fmt.Errorf("final retry: %w", err)
 	case !replay.Replayed:
 		return errors.New("the final retry ran the workflow again instead of replaying")
 	}
-	return c.SameResponse(want, replay.Response)
+	return c.SameResponse(fin.want, replay.Response)
 }
 
-func (c Case[Req, State]) recoveryConfig(world *World[Req, State]) workflow.Config {
+// recoveryConfig configures a new process that registers w alone.
+func (c Case[Req, State]) recoveryConfig(w *workflow.Workflow[Req, State]) workflow.Config {
 	cfg := c.Config
 	cfg.Hooks = nil
-	cfg.Workflows = []workflow.Definition{world.Workflow}
+	cfg.Workflows = []workflow.Definition{w}
 	return cfg
 }
 
-// recover finishes the crashed work as a client's retry or a sweeper would.
-// A sweeper has nothing to resume when the crash came before the claim;
-// then the client's retry is what happens.
-func (c Case[Req, State]) recover(ctx context.Context, e *workflow.Engine, world *World[Req, State], how Recovery) (*workflow.Result, error) {
+// finish is how a recovery ended: its result, the definition that
+// finished the work, whose uncrashed response the result must equal, and
+// whether the record was parked on the way.
+type finish[Req, State any] struct {
+	res    *workflow.Result
+	by     *workflow.Workflow[Req, State]
+	want   workflow.Response
+	parked bool
+}
+
+// recover finishes the crashed work with d's recovering definition on e,
+// as a client's retry or a sweeper would. The work is finished by the
+// recovering definition, unless the crashed attempt had finished it, or
+// the recovery parked the record: then an operator resumes it as the
+// definition that wrote it.
+func (c Case[Req, State]) recover(ctx context.Context, e *workflow.Engine, world *World[Req, State], d deployment[Req, State], how Recovery) (finish[Req, State], error) {
+	crashed, recovering := d.crashed(world), d.recovering(world)
+	fin := finish[Req, State]{by: recovering, want: d.recoveringResponse}
+	rec, err := e.Store().Load(ctx, c.Key)
+	switch {
+	case err == nil && rec.Finished():
+		fin.by, fin.want = crashed, d.crashedResponse
+	case err != nil && !errors.Is(err, workflow.ErrNotFound):
+		return fin, fmt.Errorf("load the crashed record: %w", err)
+	}
+	fin.res, err = c.recoverWith(ctx, e, recovering, how)
+	if d.mayPark && errors.Is(err, workflow.ErrParked) {
+		fin.by, fin.want, fin.parked = crashed, d.crashedResponse, true
+		fin.res, err = c.resumeParked(ctx, world.DB, crashed)
+	}
+	return fin, err
+}
+
+// recoverWith finishes the crashed work with w, as a client's retry or a
+// sweeper would. A sweeper has nothing to resume when the crash came
+// before the claim; then the client's retry is what happens.
+func (c Case[Req, State]) recoverWith(ctx context.Context, e *workflow.Engine, w *workflow.Workflow[Req, State], how Recovery) (*workflow.Result, error) {
 	if how == Resume {
 		res, err := e.Resume(ctx, c.Key)
 		if !errors.Is(err, workflow.ErrNotFound) {
 			return res, err
 		}
 	}
-	return world.Workflow.Run(ctx, e, c.Key, c.Request)
+	return w.Run(ctx, e, c.Key, c.Request)
+}
+
+// resumeParked resolves the record a recovery parked, as an operator
+// would: it checks that the record is parked without a lease, then resumes
+// it as wrote, the definition that wrote it (Engine.ResumeAs), from a
+// process that registers wrote.
+func (c Case[Req, State]) resumeParked(ctx context.Context, db workflow.DB, wrote *workflow.Workflow[Req, State]) (*workflow.Result, error) {
+	operator, err := workflow.NewEngine(db, c.recoveryConfig(wrote))
+	if err != nil {
+		return nil, err
+	}
+	rec, err := operator.Store().Load(ctx, c.Key)
+	if err != nil {
+		return nil, fmt.Errorf("load the parked record: %w", err)
+	}
+	if rec.Status != recovery.StatusParked || !rec.LockedUntil.IsZero() {
+		return nil, fmt.Errorf("the recovery answered %w, but the record is %s, its lease until %v", workflow.ErrParked, rec.Status, rec.LockedUntil)
+	}
+	spec := wrote.Spec()
+	res, err := operator.ResumeAs(ctx, c.Key, spec.Fingerprint)
+	if err != nil {
+		return nil, fmt.Errorf("resume the parked record as version %s: %w", spec.Version, err)
+	}
+	return res, nil
+}
+
+// finishedBy checks that the key's record names w as the definition that
+// finished it.
+func (c Case[Req, State]) finishedBy(ctx context.Context, e *workflow.Engine, w *workflow.Workflow[Req, State]) error {
+	rec, err := e.Store().Load(ctx, c.Key)
+	if err != nil {
+		return fmt.Errorf("load the recovered record: %w", err)
+	}
+	if spec := w.Spec(); rec.Definition != spec.Fingerprint {
+		return fmt.Errorf("the record names definition %s as the one that finished it, want version %s (%s)",
+			rec.Definition, spec.Version, spec.Fingerprint)
+	}
+	return nil
 }
 
 // errKilled stops an attempt at a crash point inside a transaction.
@@ -332,9 +500,9 @@ func (z *zombie) finish() result {
 	return z.result
 }
 
-// crashingRun starts the workflow with an engine that stops at point: the
+// crashingRun starts w on db with an engine that stops at point: the
 // attempt blocks there, holding nothing, until woken.
-func (c Case[Req, State]) crashingRun(ctx context.Context, world *World[Req, State], point workflow.CrashPoint) *zombie {
+func (c Case[Req, State]) crashingRun(ctx context.Context, db workflow.DB, w *workflow.Workflow[Req, State], point workflow.CrashPoint) *zombie {
 	z := &zombie{crashed: make(chan struct{}), woken: make(chan struct{}), done: make(chan struct{})}
 	var once sync.Once
 	cfg := c.Config
@@ -363,12 +531,12 @@ func (c Case[Req, State]) crashingRun(ctx context.Context, world *World[Req, Sta
 	}}
 	go func() {
 		defer close(z.done)
-		engine, err := workflow.NewEngine(world.DB, cfg)
+		engine, err := workflow.NewEngine(db, cfg)
 		if err != nil {
 			z.result.err = err
 			return
 		}
-		z.result.res, z.result.err = world.Workflow.Run(ctx, engine, c.Key, c.Request)
+		z.result.res, z.result.err = w.Run(ctx, engine, c.Key, c.Request)
 	}()
 	return z
 }

@@ -30,6 +30,10 @@ type State struct {
 	OrderID       int64  `json:"order_id"`
 	ReservationID string `json:"reservation_id,omitempty"`
 	ChargeID      string `json:"charge_id,omitempty"`
+	// Screened and ReceiptID are set by steps only later versions have
+	// (upgrade_test.go).
+	Screened  bool   `json:"screened,omitempty"`
+	ReceiptID string `json:"receipt_id,omitempty"`
 }
 
 // checkout has three atomic phases and two foreign mutations, calling the
@@ -37,37 +41,67 @@ type State struct {
 // test checkout's. chargeKey picks the key the charge sends: a correct
 // workflow sends the derived key.
 func checkout(p *testapp.Provider, chargeKey func(c *foreign.Call[Order, State]) string) *workflow.Workflow[Order, State] {
-	return workflow.Define("checkout",
-		phase.Atomic("create_order", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
-			return tx.QueryRow(ctx, `INSERT INTO orders (id, sku, amount)
-				SELECT coalesce(max(id), 0) + 1, $1, $2 FROM orders RETURNING id`,
-				r.Request.SKU, r.Request.Amount).Scan(&r.State.OrderID)
-		}),
-		foreign.Mutation("reserve_stock", func(ctx context.Context, c *foreign.Call[Order, State]) error {
-			id, err := testapp.Call(ctx, p.URL, "reservations", c.Key)
-			c.State.ReservationID = id
-			return err
-		}),
-		phase.Atomic("record_reservation", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
-			_, err := tx.Exec(ctx, `INSERT INTO reservations (order_id, reservation_id) VALUES ($1, $2)`,
-				r.State.OrderID, r.State.ReservationID)
-			return err
-		}),
-		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Order, State]) error {
-			id, err := testapp.Call(ctx, p.URL, "charges", chargeKey(c))
-			c.State.ChargeID = id
-			return err
-		}),
-		phase.Atomic("mark_paid", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
-			_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, charge_id) VALUES ($1, $2)`, r.State.OrderID, r.State.ChargeID)
-			return err
-		}),
-	).Finish(func(s *State) workflow.Response { return workflow.JSON(201, s) })
+	return define(createOrder(), reserveStock(p), recordReservation(), chargeStep(p, "charge", chargeKey), markPaid())
+}
+
+// define declares a version of the checkout from its steps.
+func define(steps ...phase.Step[Order, State]) *workflow.Workflow[Order, State] {
+	return workflow.Define("checkout", steps...).Finish(func(s *State) workflow.Response { return workflow.JSON(201, s) })
+}
+
+func createOrder() phase.Step[Order, State] {
+	return phase.Atomic("create_order", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
+		return tx.QueryRow(ctx, `INSERT INTO orders (id, sku, amount)
+			SELECT coalesce(max(id), 0) + 1, $1, $2 FROM orders RETURNING id`,
+			r.Request.SKU, r.Request.Amount).Scan(&r.State.OrderID)
+	})
+}
+
+func reserveStock(p *testapp.Provider) phase.Step[Order, State] {
+	return foreign.Mutation("reserve_stock", func(ctx context.Context, c *foreign.Call[Order, State]) error {
+		id, err := testapp.Call(ctx, p.URL, "reservations", c.Key)
+		c.State.ReservationID = id
+		return err
+	})
+}
+
+func recordReservation() phase.Step[Order, State] {
+	return phase.Atomic("record_reservation", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
+		_, err := tx.Exec(ctx, `INSERT INTO reservations (order_id, reservation_id) VALUES ($1, $2)`,
+			r.State.OrderID, r.State.ReservationID)
+		return err
+	})
+}
+
+// chargeStep is the charge step, named name.
+func chargeStep(p *testapp.Provider, name string, chargeKey func(c *foreign.Call[Order, State]) string) phase.Step[Order, State] {
+	return foreign.Mutation(name, func(ctx context.Context, c *foreign.Call[Order, State]) error {
+		id, err := testapp.Call(ctx, p.URL, "charges", chargeKey(c))
+		c.State.ChargeID = id
+		return err
+	})
+}
+
+func markPaid() phase.Step[Order, State] {
+	return phase.Atomic("mark_paid", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
+		_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, charge_id) VALUES ($1, $2)`, r.State.OrderID, r.State.ChargeID)
+		return err
+	})
 }
 
 // newWorld builds a fresh database and provider, and the invariant: one row
 // per business effect, one effect per downstream operation.
 func newWorld(t *testing.T, chargeKey func(c *foreign.Call[Order, State]) string) func(context.Context) (*crashtest.World[Order, State], error) {
+	return worlds(t, exactlyOnce, func(p *testapp.Provider) (*workflow.Workflow[Order, State], *workflow.Workflow[Order, State]) {
+		return checkout(p, chargeKey), nil
+	})
+}
+
+// worlds builds fresh worlds: a database with the checkout's tables, a
+// provider, the definitions versions declares on it, and invariant.
+func worlds(t *testing.T, invariant func(context.Context, *pgxpool.Pool, *testapp.Provider) error,
+	versions func(p *testapp.Provider) (current, next *workflow.Workflow[Order, State]),
+) func(context.Context) (*crashtest.World[Order, State], error) {
 	return func(ctx context.Context) (*crashtest.World[Order, State], error) {
 		db := dbtest.Connect(t, dbtest.NewDatabase(t, dbtest.Options{}), 8)
 		// Orders are numbered transactionally: a sequence would skip the
@@ -76,14 +110,17 @@ func newWorld(t *testing.T, chargeKey func(c *foreign.Call[Order, State]) string
 		if _, err := db.Exec(ctx, `
 			CREATE TABLE orders (id bigint PRIMARY KEY, sku text NOT NULL, amount bigint NOT NULL);
 			CREATE TABLE reservations (order_id bigint NOT NULL, reservation_id text NOT NULL);
-			CREATE TABLE payments (order_id bigint NOT NULL, charge_id text NOT NULL)`); err != nil {
+			CREATE TABLE payments (order_id bigint NOT NULL, charge_id text NOT NULL);
+			CREATE TABLE screenings (order_id bigint NOT NULL)`); err != nil {
 			return nil, err
 		}
 		p := testapp.NewProvider(t)
+		current, next := versions(p)
 		return &crashtest.World[Order, State]{
 			DB:       db,
-			Workflow: checkout(p, chargeKey),
-			Check:    func(ctx context.Context) error { return exactlyOnce(ctx, db, p) },
+			Workflow: current,
+			Next:     next,
+			Check:    func(ctx context.Context) error { return invariant(ctx, db, p) },
 		}, nil
 	}
 }

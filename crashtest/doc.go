@@ -31,6 +31,20 @@
 //		})
 //	}
 //
+// [Upgrade] ([ExploreUpgrade] outside a test) proves a deploy of a changed
+// workflow to the records in flight. Given the deployed definition
+// (World.Workflow) and the next release's (World.Next), it stops each at
+// each of its crash points and recovers under the other, in a new process
+// that registers that one alone: the deploy, and the other direction of a
+// rolling deploy, where a process of the old release takes over a record
+// the new one wrote. A recovery passes when it finishes the work with the
+// uncrashed response of the definition that finished it, or parks the
+// record ([workflow.ErrParked]) and an operator's resume as the definition
+// that wrote it ([workflow.Engine.ResumeAs]) then finishes it; the
+// invariant must hold either way. [Report.Parked] and [Report.Resumed] say
+// where each direction parked, so that a test can assert that a change
+// parks exactly where the rules say and nowhere else.
+//
 // FreshDatabase (or Databases, outside a test) gives each world a database
 // of its own, migrated with package migrations and dropped at the end, on a
 // server whose user may CREATE DATABASE.
