@@ -141,11 +141,14 @@ func (a *app) checkout() *workflow.Workflow[CheckoutRequest, CheckoutState] {
 		phase.Atomic("create_order", a.createOrder),
 		foreign.Mutation("charge", a.charge),
 		phase.Atomic("record_charge", a.recordCharge),
-	).Finish(func(s *CheckoutState) workflow.Response {
-		return workflow.JSON(http.StatusCreated, map[string]any{
-			"order_id": s.OrderID, "charge_id": s.ChargeID, "status": "paid",
-			"amount_cents": s.AmountCents, "currency": s.Currency,
-		})
+	).Finish(paidResponse)
+}
+
+// paidResponse is the checkout's answer once the order is paid.
+func paidResponse(s *CheckoutState) workflow.Response {
+	return workflow.JSON(http.StatusCreated, map[string]any{
+		"order_id": s.OrderID, "charge_id": s.ChargeID, "status": "paid",
+		"amount_cents": s.AmountCents, "currency": s.Currency,
 	})
 }
 
