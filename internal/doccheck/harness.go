@@ -68,7 +68,7 @@ var auth authenticator
 // checkoutDecl declares the docs' Checkout and relay for the fragments
 // that use them rather than define them.
 const checkoutDecl = `
-var Checkout *workflow.Workflow[CheckoutRequest, CheckoutState]
+var Checkout, CheckoutNext *workflow.Workflow[CheckoutRequest, CheckoutState]
 
 var relay *outbox.Relay
 `
