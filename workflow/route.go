@@ -112,9 +112,9 @@ func (e *Engine) storedSpec(ctx context.Context, workflow, fingerprint string) (
 	return sp, nil
 }
 
-// ensureSaved stores w's definition, once per engine, before w claims a
-// key: a process running a later definition reads it to decide whether it
-// may resume the records w wrote.
+// ensureSaved stores w's definition, once per engine, before w claims or
+// takes over a key: a process running another definition reads it to
+// decide whether it may resume the records w wrote or restamped.
 func (e *Engine) ensureSaved(ctx context.Context, w runnable) error {
 	sp := w.spec()
 	e.mu.RLock()
@@ -144,9 +144,9 @@ func (e *Engine) ensureSaved(ctx context.Context, w runnable) error {
 }
 
 // SaveDefinitions stores every registered definition that is not stored
-// yet. Run stores a definition before it first claims a key with it; call
-// SaveDefinitions at start-up to do it then, and to learn at once that the
-// database is unreachable or not migrated.
+// yet. Run and Resume store a definition before it first claims or takes
+// over a key with it; call SaveDefinitions at start-up to do it then, and
+// to learn at once that the database is unreachable or not migrated.
 func (e *Engine) SaveDefinitions(ctx context.Context) error {
 	e.mu.RLock()
 	var defs []runnable

@@ -623,6 +623,55 @@ func TestRegisterVersions(t *testing.T) {
 	require.ErrorIs(t, panicOf(t, func() { workflow.Versions(v1, twin) }), workflow.ErrInvalidInput, "one version twice")
 }
 
+// TestRollingDeploy: v1 and v2 (a step added after charge) run side by
+// side. A record v2 took over and restamped goes back to v1 when v2 dies:
+// v1 resumes it when it is not past what v1 knows, and parks it when v2
+// committed the step v1 lacks.
+func TestRollingDeploy(t *testing.T) {
+	w := newWorld(t)
+	vs := newVersions()
+	v1 := vs.define("v1", "create_order:A", "charge:F", "record_charge:A")
+	v2 := vs.define("v2", "create_order:A", "charge:F", "receipt:A", "record_charge:A")
+	afterCreate := workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "create_order"}
+	oldEngine := w.engine(workflow.Config{Workflows: []workflow.Definition{v1}})
+
+	// v2's sweeper (which never ran a request) takes the record over and
+	// dies after the charge's call, before receipt commits it.
+	before := workflow.Key{Tenant: "acme", ID: "before-receipt"}
+	crashUnder(w, v1, before, afterCreate)
+	sweeper := w.engine(workflow.Config{Workflows: []workflow.Definition{v2},
+		Hooks: crashAt(workflow.CrashPoint{Kind: workflow.AfterForeignCall, Step: "charge"})})
+	_, err := sweeper.Resume(w.ctx, before)
+	require.ErrorIs(t, err, workflow.ErrCrashed)
+	require.NoError(t, sweeper.Store().ExpireLease(w.ctx, before))
+	rec := w.record(before)
+	require.Equal(t, v2.Spec().Fingerprint, rec.Definition, "v2 restamped it")
+	require.Equal(t, "create_order", rec.RecoveryPoint)
+	ran := vs.count()
+	res, err := oldEngine.Resume(w.ctx, before)
+	require.NoError(t, err, "v1 knows every step v2 may have done")
+	requireAnswer(t, res, "v1", "v1:create_order", "v1:charge", "v1:record_charge")
+	require.Equal(t, []string{"v1:charge", "v1:record_charge"}, vs.since(ran))
+	require.Equal(t, v1.Spec().Fingerprint, w.record(before).Definition)
+	keys := vs.keysOf("charge")
+	require.Len(t, keys, 2)
+	require.Equal(t, keys[0], keys[1], "v1 repeats v2's call with its key")
+
+	// A retry lands on v2, which dies after committing receipt.
+	after := workflow.Key{Tenant: "acme", ID: "after-receipt"}
+	crashUnder(w, v1, after, afterCreate)
+	crashUnder(w, v2, after, workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "receipt"})
+	rec = w.record(after)
+	require.Equal(t, v2.Spec().Fingerprint, rec.Definition)
+	require.Equal(t, "receipt", rec.RecoveryPoint)
+	ran = vs.count()
+	_, err = v1.Run(w.ctx, oldEngine, after, order)
+	requireParked(t, w, err, after, "v2", "v1", "receipt")
+	_, err = oldEngine.Resume(w.ctx, after)
+	requireParked(t, w, err, after, "v2", "v1", "receipt")
+	require.Empty(t, vs.since(ran), "v1 runs nothing past a step it lacks")
+}
+
 // panicOf returns what fn panics with, which must be an error.
 func panicOf(t *testing.T, fn func()) (err error) {
 	t.Helper()
