@@ -203,7 +203,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 			return a.failed(ctx, "", fmt.Errorf("decode stored request: %w", err))
 		}
 	}
-	r, err := a.e.route(ctx, a.w, rec)
+	r, err := a.e.route(ctx, a.store(), a.w, rec)
 	switch {
 	case err != nil:
 		return a.failed(ctx, "", err)

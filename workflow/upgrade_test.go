@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
@@ -207,6 +208,32 @@ func TestUpgradeResumesAStepAddedAfterTheRecoveryPoint(t *testing.T) {
 			require.Equal(t, v2.Spec().Fingerprint, rec.Definition, "the record is v2's now")
 		})
 	}
+}
+
+// TestUpgradeNeedsNoSecondConnection: right after a deploy, every retry of
+// a record the old definition wrote reads that definition from the
+// database. It reads it in the claim's transaction, on the connection the
+// claim holds: were it to take another, a pool whose connections all hold
+// such claims would wait for ever. A pool of one connection shows it.
+func TestUpgradeNeedsNoSecondConnection(t *testing.T) {
+	t.Parallel()
+	url := dbtest.NewDatabase(t, dbtest.Options{})
+	w := newWorldOn(t, url)
+	vs := newVersions()
+	v1 := vs.define("v1", v1Steps...)
+	v2 := vs.define("v2", "create_order:A", "charge:F", "record_charge:A", "receipt:A", "ship:A")
+	parks := vs.define("v2-parks", "create_order:A", "fraud_check:F", "charge:F", "record_charge:A", "ship:A")
+	resumed, parked := workflow.Key{Tenant: "acme", ID: "resumed"}, workflow.Key{Tenant: "acme", ID: "parked"}
+	crashUnder(w, v1, resumed, afterRecordCharge)
+	crashUnder(w, v1, parked, afterRecordCharge)
+
+	ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
+	defer cancel()
+	res, err := v2.Run(ctx, newEngine(t, dbtest.Connect(t, url, 1), workflow.Config{}), resumed, order)
+	require.NoError(t, err)
+	requireAnswer(t, res, "v2", "v1:create_order", "v1:charge", "v1:record_charge", "v2:receipt", "v2:ship")
+	_, err = parks.Run(ctx, newEngine(t, dbtest.Connect(t, url, 1), workflow.Config{}), parked, order)
+	requireParked(t, w, err, parked, "v1", "v2-parks", "record_charge")
 }
 
 // TestUpgradeParksAStepInsertedBeforeTheRecoveryPoint: v2 inserts a step
