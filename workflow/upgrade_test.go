@@ -280,6 +280,26 @@ func TestUpgradeParksAStepInsertedBeforeTheRecoveryPoint(t *testing.T) {
 	}
 }
 
+// TestUpgradeParksAClaimCommittedAlone: a workflow that starts with a
+// foreign step commits its claim on its own; parking then writes outside
+// any transaction, and ends the lease all the same. v1 died after its first
+// call, before any recovery point: that call may have been made, and v2
+// inserts a step before it.
+func TestUpgradeParksAClaimCommittedAlone(t *testing.T) {
+	w := newWorld(t)
+	vs := newVersions()
+	v1 := vs.define("v1", "charge:F", "record_charge:A")
+	v2 := vs.define("v2", "fraud_check:F", "charge:F", "record_charge:A")
+	crashUnder(w, v1, acme, workflow.CrashPoint{Kind: workflow.AfterForeignCall, Step: "charge"})
+	ran := vs.count()
+	_, err := v2.Run(w.ctx, w.engine(workflow.Config{}), acme, order)
+	requireParked(t, w, err, acme, "v1", "v2", "")
+	require.ErrorContains(t, err, "may have started")
+	_, err = v2.Run(w.ctx, w.engine(workflow.Config{}), acme, order)
+	requireParked(t, w, err, acme, "v1", "v2", "")
+	require.Empty(t, vs.since(ran))
+}
+
 // TestUpgradeRenamedForeignStepKeepsItsKey: a foreign step renamed with
 // Renamed derives its downstream key from its first name, so a call v1 may
 // have made before dying is made again under v2 with the same key; renamed
