@@ -103,8 +103,15 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, req 
 	return a.execute(ctx)
 }
 
-// resume continues the workflow of rec from its stored request.
+// resume continues the workflow of rec from its stored request. Like run,
+// it stores w's definition first: resuming a record another definition
+// wrote stamps it with w's fingerprint, and a process running another
+// definition then reads w's from the database to decide whether it may
+// resume the record in turn.
 func (w *Workflow[Req, State]) resume(ctx context.Context, e *Engine, rec *recovery.Record, hops int) (*Result, error) {
+	if err := e.ensureSaved(ctx, w); err != nil {
+		return nil, fmt.Errorf("workflow %s: %w", w.name, err)
+	}
 	a := &attempt[Req, State]{e: e, w: w, key: rec.Key, fromRecord: true, hops: hops,
 		claim: func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
 			return seam.StoreOf(s).Takeover(ctx, rec.Key, w.name)
@@ -196,7 +203,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 			return a.failed(ctx, "", fmt.Errorf("decode stored request: %w", err))
 		}
 	}
-	r, err := a.e.route(ctx, a.w, rec)
+	r, err := a.e.route(ctx, a.store(), a.w, rec)
 	switch {
 	case err != nil:
 		return a.failed(ctx, "", err)

@@ -37,11 +37,15 @@ type route struct {
 	park string
 }
 
-// route decides how definition w runs rec, a record it just claimed.
-func (e *Engine) route(ctx context.Context, w runnable, rec *recovery.Record) (route, error) {
+// route decides how definition w runs rec, a record it just claimed. It
+// reads stored definitions through s, the claiming attempt's store: in the
+// claim's transaction when the claim is in one, so that an attempt holds
+// one connection at a time (a pool whose connections all hold claims
+// waiting for another would wait for ever).
+func (e *Engine) route(ctx context.Context, s *recovery.Store, w runnable, rec *recovery.Record) (route, error) {
 	cur := w.spec()
 	if rec.ResumeAs != "" {
-		return e.routeResumeAs(ctx, w, rec)
+		return e.routeResumeAs(ctx, s, w, rec)
 	}
 	if rec.Definition == "" || rec.Definition == cur.Fingerprint {
 		return route{point: rec.RecoveryPoint}, nil
@@ -49,7 +53,7 @@ func (e *Engine) route(ctx context.Context, w runnable, rec *recovery.Record) (r
 	if d, ok := e.definitionFor(rec); ok && d.spec().Fingerprint == rec.Definition {
 		return route{other: d}, nil
 	}
-	old, err := e.storedSpec(ctx, rec.Workflow, rec.Definition)
+	old, err := e.storedSpec(ctx, s, rec.Workflow, rec.Definition)
 	if err != nil {
 		return route{}, err
 	}
@@ -69,7 +73,7 @@ func (e *Engine) route(ctx context.Context, w runnable, rec *recovery.Record) (r
 // definition runs it from its recovery point, without comparing
 // definitions. A process that does not register it parks the record again
 // rather than guess.
-func (e *Engine) routeResumeAs(ctx context.Context, w runnable, rec *recovery.Record) (route, error) {
+func (e *Engine) routeResumeAs(ctx context.Context, s *recovery.Store, w runnable, rec *recovery.Record) (route, error) {
 	if rec.ResumeAs != w.spec().Fingerprint {
 		if d, ok := e.definitionFor(rec); ok && d.spec().Fingerprint == rec.ResumeAs {
 			return route{other: d}, nil
@@ -79,7 +83,7 @@ func (e *Engine) routeResumeAs(ctx context.Context, w runnable, rec *recovery.Re
 	}
 	r := route{point: rec.RecoveryPoint, upgrade: rec.Definition != rec.ResumeAs}
 	if r.upgrade && rec.Definition != "" {
-		old, err := e.storedSpec(ctx, rec.Workflow, rec.Definition)
+		old, err := e.storedSpec(ctx, s, rec.Workflow, rec.Definition)
 		if err != nil {
 			return route{}, err
 		}
@@ -89,8 +93,8 @@ func (e *Engine) routeResumeAs(ctx context.Context, w runnable, rec *recovery.Re
 }
 
 // storedSpec returns the stored definition of workflow with fingerprint,
-// nil when none is stored.
-func (e *Engine) storedSpec(ctx context.Context, workflow, fingerprint string) (*Spec, error) {
+// read through s, nil when none is stored.
+func (e *Engine) storedSpec(ctx context.Context, s *recovery.Store, workflow, fingerprint string) (*Spec, error) {
 	cacheKey := workflow + "\x00" + fingerprint
 	e.mu.RLock()
 	sp, ok := e.specs[cacheKey]
@@ -98,7 +102,7 @@ func (e *Engine) storedSpec(ctx context.Context, workflow, fingerprint string) (
 	if ok {
 		return sp, nil
 	}
-	defs, err := e.store.Definitions(ctx, workflow, fingerprint)
+	defs, err := s.Definitions(ctx, workflow, fingerprint)
 	if err != nil || len(defs) == 0 {
 		return nil, err
 	}
@@ -112,9 +116,9 @@ func (e *Engine) storedSpec(ctx context.Context, workflow, fingerprint string) (
 	return sp, nil
 }
 
-// ensureSaved stores w's definition, once per engine, before w claims a
-// key: a process running a later definition reads it to decide whether it
-// may resume the records w wrote.
+// ensureSaved stores w's definition, once per engine, before w claims or
+// takes over a key: a process running another definition reads it to
+// decide whether it may resume the records w wrote or restamped.
 func (e *Engine) ensureSaved(ctx context.Context, w runnable) error {
 	sp := w.spec()
 	e.mu.RLock()
@@ -144,9 +148,9 @@ func (e *Engine) ensureSaved(ctx context.Context, w runnable) error {
 }
 
 // SaveDefinitions stores every registered definition that is not stored
-// yet. Run stores a definition before it first claims a key with it; call
-// SaveDefinitions at start-up to do it then, and to learn at once that the
-// database is unreachable or not migrated.
+// yet. Run and Resume store a definition before it first claims or takes
+// over a key with it; call SaveDefinitions at start-up to do it then, and
+// to learn at once that the database is unreachable or not migrated.
 func (e *Engine) SaveDefinitions(ctx context.Context) error {
 	e.mu.RLock()
 	var defs []runnable

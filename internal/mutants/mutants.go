@@ -248,4 +248,33 @@ var mutants = []Mutant{
 			Old: "\t\treturn false\n\t}\n\treturn status < 500", New: "\t\treturn true\n\t}\n\treturn status < 500"}},
 		Pkg: "./idemhttp", Run: "^TestAttackStoredRefusalIsNotReplayed$",
 	},
+	{
+		Name:   "park-rule-skipped",
+		Breaks: "a changed definition resumes a record without comparing the steps up to its recovery point, so a step inserted before it does not park",
+		Edits: []Edit{{File: "workflow/versions.go",
+			Old: "if got := cur.Steps[i]; got.Name != name || got.Kind != st.Kind {",
+			New: "if got := cur.Steps[i]; false && (got.Name != name || got.Kind != st.Kind) {"}},
+		Pkg: "./workflow", Run: "^TestUpgradeParksAStepInsertedBeforeTheRecoveryPoint$",
+	},
+	{
+		Name:   "foreign-after-point-unguarded",
+		Breaks: "the foreign step after the recovery point, whose call may have been made, is left out of the comparison, so removing it does not park",
+		Edits: []Edit{{File: "workflow/versions.go",
+			Old: "\t\ttouched++\n", New: ""}},
+		Pkg: "./workflow", Run: "^TestUpgradeRemovedStep$",
+	},
+	{
+		Name:   "renamed-key-from-new-name",
+		Breaks: "a step declared Renamed derives its downstream keys from its new name, so a call made under the old one is made again with another key",
+		Edits: []Edit{{File: "workflow/attempt.go",
+			Old: "a.run.KeyStep = a.w.keyStep(step.Name())", New: "a.run.KeyStep = step.Name()"}},
+		Pkg: "./workflow", Run: "^TestUpgradeRenamedForeignStepKeepsItsKey$",
+	},
+	{
+		Name:   "versions-not-handed-over",
+		Breaks: "a record whose definition is registered with Versions is run by the definition that met it, not handed to its own",
+		Edits: []Edit{{File: "workflow/route.go",
+			Old: "ok && d.spec().Fingerprint == rec.Definition {", New: "ok && false && d.spec().Fingerprint == rec.Definition {"}},
+		Pkg: "./workflow", Run: "^TestVersionsFinishRecordsUnderTheirOwnDefinition$",
+	},
 }
