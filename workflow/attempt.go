@@ -260,6 +260,7 @@ func (a *attempt[Req, State]) loadState(ctx context.Context, rec *recovery.Recor
 	if err := seam.StoreOf(a.store()).Restamp(ctx, a.rec.Fence(), sp.Fingerprint, r.point, state); err != nil {
 		return fenced(err)
 	}
+	a.rec.RecoveryPoint = r.point // in this definition's names, for ResumedFrom and the log
 	if r.upgrade {
 		from := rec.Definition
 		if r.from != nil {

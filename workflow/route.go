@@ -81,7 +81,7 @@ func (e *Engine) routeResumeAs(ctx context.Context, s *recovery.Store, w runnabl
 		return route{park: fmt.Sprintf("an operator resumed it as definition %s, which this process does not register (running version %s)",
 			rec.ResumeAs, w.spec().Version)}, nil
 	}
-	r := route{point: rec.RecoveryPoint, upgrade: rec.Definition != rec.ResumeAs}
+	r := route{point: w.spec().renamedTo(rec.RecoveryPoint), upgrade: rec.Definition != rec.ResumeAs}
 	if r.upgrade && rec.Definition != "" {
 		old, err := e.storedSpec(ctx, s, rec.Workflow, rec.Definition)
 		if err != nil {
@@ -190,7 +190,7 @@ func (e *Engine) ResumeAs(ctx context.Context, key Key, version string) (*Result
 		return nil, err
 	}
 	sp := d.spec()
-	if rec.RecoveryPoint != "" && !sp.hasStep(rec.RecoveryPoint) {
+	if rec.RecoveryPoint != "" && !sp.hasStep(sp.renamedTo(rec.RecoveryPoint)) {
 		return nil, fmt.Errorf("%w: resume key %q as version %s of %s: its recovery point %q is not a step of that version",
 			ErrInvalidInput, key.ID, sp.Version, sp.Workflow, rec.RecoveryPoint)
 	}

@@ -807,3 +807,32 @@ func (p *parkings) claimed(workflow, outcome string) int {
 	defer p.mu.Unlock()
 	return p.claims[workflow+" "+outcome]
 }
+
+// TestUpgradeRenamedRecoveryPoint: a record whose recovery point was
+// renamed resumes after the new name, reports it in ResumedFrom and stores
+// it; an operator's ResumeAs follows the chosen version's Renamed too.
+func TestUpgradeRenamedRecoveryPoint(t *testing.T) {
+	w := newWorld(t)
+	vs := newVersions()
+	v1 := vs.define("v1", "create_order:A", "charge:F", "record_charge:A")
+	afterCreate := workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "create_order"}
+	key := workflow.Key{Tenant: "acme", ID: "renamed-point"}
+	crashUnder(w, v1, key, afterCreate)
+
+	v2 := vs.define("v2", "make_order:A", "charge:F", "record_charge:A").
+		Changes(workflow.Renamed("create_order", "make_order"))
+	res, err := v2.Run(w.ctx, w.engine(workflow.Config{}), key, order)
+	require.NoError(t, err)
+	require.Equal(t, "make_order", res.ResumedFrom)
+	requireAnswer(t, res, "v2", "v1:create_order", "v2:charge", "v2:record_charge")
+
+	parked := workflow.Key{Tenant: "acme", ID: "renamed-point-parked"}
+	crashUnder(w, v1, parked, afterCreate)
+	silent := vs.define("v3", "make_order:A", "screen:F", "charge:F", "record_charge:A")
+	_, err = silent.Run(w.ctx, w.engine(workflow.Config{}), parked, order)
+	require.ErrorIs(t, err, workflow.ErrParked)
+	res, err = w.engine(workflow.Config{Workflows: []workflow.Definition{v2}}).ResumeAs(w.ctx, parked, "v2")
+	require.NoError(t, err, "v2 renames create_order, the record's recovery point")
+	require.Equal(t, "make_order", res.ResumedFrom)
+	requireAnswer(t, res, "v2", "v1:create_order", "v2:charge", "v2:record_charge")
+}
