@@ -277,4 +277,20 @@ var mutants = []Mutant{
 			Old: "ok && d.spec().Fingerprint == rec.Definition {", New: "ok && false && d.spec().Fingerprint == rec.Definition {"}},
 		Pkg: "./workflow", Run: "^TestVersionsFinishRecordsUnderTheirOwnDefinition$",
 	},
+	{
+		Name:   "restamp-keeps-old-definition",
+		Breaks: "a record resumed under a changed definition keeps the old fingerprint, so the next process compares it with the wrong definition",
+		Edits: []Edit{{File: "workflow/attempt.go",
+			Old: "Restamp(ctx, a.rec.Fence(), sp.Fingerprint, r.point, state)",
+			New: "Restamp(ctx, a.rec.Fence(), cmp.Or(rec.Definition, sp.Fingerprint), r.point, state)"}},
+		Pkg: "./workflow", Run: "^TestRollingDeploy$",
+	},
+	{
+		Name:   "parked-answered-in-flight",
+		Breaks: "a retry of a parked record is told the key is in flight (409, retry soon) instead of that it waits for an operator",
+		Edits: []Edit{{File: "recovery/claim.go",
+			Old: "\t\tcase rec.Status == StatusParked:\n\t\t\treturn nil, 0, &ParkedError{Key: p.Key, Reason: rec.LastError}\n",
+			New: ""}},
+		Pkg: "./workflow", Run: "^TestUpgradeParksAStepInsertedBeforeTheRecoveryPoint$",
+	},
 }
