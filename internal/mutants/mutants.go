@@ -282,7 +282,7 @@ var mutants = []Mutant{
 		Breaks: "a record resumed under a changed definition keeps the old fingerprint, so the next process compares it with the wrong definition",
 		Edits: []Edit{{File: "workflow/attempt.go",
 			Old: "Restamp(ctx, a.rec.Fence(), sp.Fingerprint, r.point, state)",
-			New: "Restamp(ctx, a.rec.Fence(), cmp.Or(rec.Definition, sp.Fingerprint), r.point, state)"}},
+			New: "Restamp(ctx, a.rec.Fence(), map[bool]string{true: rec.Definition, false: sp.Fingerprint}[rec.Definition != \"\"], r.point, state)"}},
 		Pkg: "./workflow", Run: "^TestRollingDeploy$",
 	},
 	{
