@@ -145,7 +145,7 @@ func (a *attempt[Req, State]) execute(ctx context.Context) (res *Result, err err
 	}
 	for a.next < len(steps) {
 		step := steps[a.next]
-		a.run.KeyStep = a.w.keyStep(step.Name())
+		a.run.KeyStep = a.w.keyStep(a.next)
 		if a.tx == nil {
 			if err := a.e.crashPoint(ctx, a.key, BeforeStep, step.Name()); err != nil {
 				return nil, err

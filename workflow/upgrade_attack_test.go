@@ -1,0 +1,106 @@
+package workflow_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/testapp"
+	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/recovery"
+	"github.com/onceflow/onceflow/workflow"
+)
+
+// Adversarial tests of deploying a changed workflow while records are in
+// flight: each drives a sequence of versions, crashes and operator actions
+// that once repeated an effect, skipped one, or left a record looping.
+
+// payFlow declares workflow "pay" with explicit version (none when "")
+// and steps written "name:A" (an atomic phase writing a ledger row named
+// after the step), or "name:F@endpoint" (a foreign call to the provider's
+// endpoint with the step's derived key; the endpoint is the effect, so a
+// renamed step keeps it). The charge's id goes in the state, and an atomic
+// step named record_charge writes it to the ledger.
+func (w *world) payFlow(version string, steps ...string) *workflow.Workflow[Order, Paid] {
+	var ps []phase.Step[Order, Paid]
+	for _, s := range steps {
+		name, kind, _ := strings.Cut(s, ":")
+		if endpoint, ok := strings.CutPrefix(kind, "F@"); ok {
+			ps = append(ps, foreign.Mutation(name, func(ctx context.Context, c *foreign.Call[Order, Paid]) error {
+				id, err := testapp.Call(ctx, w.provider.URL, endpoint, c.Key)
+				c.State.ChargeID = id
+				return err
+			}))
+			continue
+		}
+		ps = append(ps, phase.Atomic(name, func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, Paid]) error {
+			entry := r.Step
+			if r.Step == "record_charge" {
+				entry += " " + r.State.ChargeID
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO ledger (order_id, entry) VALUES (0, $1)`, entry)
+			return err
+		}))
+	}
+	return workflow.Define("pay", ps...).Version(version)
+}
+
+// crashIn runs wf under key on an engine that stops at point, as a process
+// death would, and ends the dead attempt's lease.
+func (w *world) crashIn(wf workflow.Definition, run func(e *workflow.Engine) error, point workflow.CrashPoint, key workflow.Key) {
+	w.t.Helper()
+	e := w.engine(workflow.Config{Workflows: []workflow.Definition{wf}, Hooks: crashAt(point)})
+	require.ErrorIs(w.t, run(e), workflow.ErrCrashed)
+	require.NoError(w.t, e.Store().ExpireLease(w.ctx, key))
+}
+
+func (w *world) load(key workflow.Key) *recovery.Record {
+	w.t.Helper()
+	rec, err := w.engine(workflow.Config{}).Store().Load(w.ctx, key)
+	require.NoError(w.t, err)
+	return rec
+}
+
+// TestUpgradeAttackDroppedRenameKeepsDerivedKeys: version 2 renamed charge
+// to charge_card and declared it, so a record it made derives the call's
+// key from "charge". A later definition drops the declaration, as the docs
+// allowed once records written under the old name were gone. A record
+// version 2 made, stopped after its call may have been made, must not be
+// charged again under another key: the later definition parks it (with or
+// without an explicit version; without one the two definitions once had
+// one fingerprint and nothing was compared), and the deploy check says so.
+func TestUpgradeAttackDroppedRenameKeepsDerivedKeys(t *testing.T) {
+	w := newWorld(t)
+	for i, version := range []string{"", "3"} {
+		key := workflow.Key{Tenant: "acme", ID: "order-" + version}
+		v2 := w.payFlow("", "create_order:A", "charge_card:F@charges", "record_charge:A").
+			Changes(workflow.Renamed("charge", "charge_card"))
+		w.crashIn(v2, func(e *workflow.Engine) error { _, err := v2.Run(w.ctx, e, key, order); return err },
+			workflow.CrashPoint{Kind: workflow.AfterForeignCall, Step: "charge_card"}, key)
+		require.Equal(t, i+1, w.provider.Effects("charges"))
+
+		v3 := w.payFlow(version, "create_order:A", "charge_card:F@charges", "record_charge:A")
+		_, err := w.engine(workflow.Config{Workflows: []workflow.Definition{v3}}).Resume(w.ctx, key)
+		require.ErrorIs(t, err, workflow.ErrParked, "version %q", version)
+		require.Equal(t, i+1, w.provider.Effects("charges"), "version %q: one charge per record", version)
+		require.NotEmpty(t, workflow.Diff([]workflow.Spec{v2.Spec()}, []workflow.Spec{v3.Spec()}),
+			"version %q: the deploy check sees the change of key", version)
+	}
+}
+
+// TestUpgradeAttackTwoRenamesIntoOneStep: Renamed("a", "c") with
+// Renamed("b", "c") left the step's first name to map iteration order, so
+// one attempt derived its key from "a" and the next from "b". A definition
+// must name one history per step.
+func TestUpgradeAttackTwoRenamesIntoOneStep(t *testing.T) {
+	w := newWorld(t)
+	require.Panics(t, func() {
+		w.payFlow("", "create_order:A", "c:F@charges").Changes(workflow.Renamed("a", "c"), workflow.Renamed("b", "c"))
+	})
+	chain := w.payFlow("", "create_order:A", "c:F@charges").Changes(workflow.Renamed("a", "b"), workflow.Renamed("b", "c"))
+	require.Equal(t, "a", chain.Spec().Steps[1].Key, "a chain derives from its first name")
+}
