@@ -112,9 +112,9 @@ func (e *Engine) storedSpec(ctx context.Context, workflow, fingerprint string) (
 	return sp, nil
 }
 
-// ensureSaved stores w's definition, once per engine, before w claims a
-// key: a process running a later definition reads it to decide whether it
-// may resume the records w wrote.
+// ensureSaved stores w's definition, once per engine, before w claims or
+// takes over a key: a process running another definition reads it to
+// decide whether it may resume the records w wrote or stamped.
 func (e *Engine) ensureSaved(ctx context.Context, w runnable) error {
 	sp := w.spec()
 	e.mu.RLock()

@@ -104,3 +104,32 @@ func TestUpgradeAttackTwoRenamesIntoOneStep(t *testing.T) {
 	chain := w.payFlow("", "create_order:A", "c:F@charges").Changes(workflow.Renamed("a", "b"), workflow.Renamed("b", "c"))
 	require.Equal(t, "a", chain.Spec().Steps[1].Key, "a chain derives from its first name")
 }
+
+// TestUpgradeAttackResumeStoresItsDefinition: a process that only resumes
+// (a sweeper, Engine.Resume) and never ran its definition stamped records
+// with a fingerprint it had not stored. In a rolling deploy, the version 1
+// process that took such a record over next could not read the definition
+// that wrote it, and parked a record it could resume.
+func TestUpgradeAttackResumeStoresItsDefinition(t *testing.T) {
+	w := newWorld(t)
+	v1 := w.payFlow("1", "create_order:A", "charge:F@charges", "record_charge:A")
+	v2 := w.payFlow("2", "create_order:A", "charge:F@charges", "record_charge:A", "receipt:F@receipts")
+	w.crashIn(v1, func(e *workflow.Engine) error { _, err := v1.Run(w.ctx, e, acme, order); return err },
+		workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "create_order"}, acme)
+
+	// Version 2's sweeper takes the record over and dies in the charge.
+	w.crashIn(v2, func(e *workflow.Engine) error { _, err := e.Resume(w.ctx, acme); return err },
+		workflow.CrashPoint{Kind: workflow.AfterForeignCall, Step: "charge"}, acme)
+	rec := w.load(acme)
+	require.Equal(t, v2.Spec().Fingerprint, rec.Definition)
+	stored, err := w.engine(workflow.Config{}).Store().Definitions(w.ctx, "pay", rec.Definition)
+	require.NoError(t, err)
+	require.Len(t, stored, 1, "the definition a record is stamped with is stored")
+
+	// A version 1 process resumes it: what version 2 may have done (the
+	// charge) is version 1's too.
+	res, err := w.engine(workflow.Config{Workflows: []workflow.Definition{v1}}).Resume(w.ctx, acme)
+	require.NoError(t, err)
+	require.Equal(t, 200, res.Response.Status)
+	require.Equal(t, 1, w.provider.Effects("charges"))
+}
