@@ -2,6 +2,7 @@ package workflow_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -133,3 +134,94 @@ func TestUpgradeAttackResumeStoresItsDefinition(t *testing.T) {
 	require.Equal(t, 200, res.Response.Status)
 	require.Equal(t, 1, w.provider.Effects("charges"))
 }
+
+// TestUpgradeAttackUnreadableStoredDefinition: a stored definition that
+// cannot be read (a step kind this build does not know) failed every
+// attempt, so the completer resumed the record again and again (for ever
+// with MaxAttempts -1); one that reads as no steps at all let a changed
+// first foreign step run under a new key. Both park: nothing is known of
+// what the record may have done.
+func TestUpgradeAttackUnreadableStoredDefinition(t *testing.T) {
+	w := newWorld(t)
+	for i, corrupt := range []string{
+		`replace(spec::text, '"atomic"', '"saga"')::json`,
+		`'{}'::json`,
+	} {
+		key := workflow.Key{Tenant: "acme", ID: "order-" + string(rune('a'+i))}
+		v1 := w.payFlow("1", "charge:F@charges", "record_charge:A")
+		w.crashIn(v1, func(e *workflow.Engine) error { _, err := v1.Run(w.ctx, e, key, order); return err },
+			workflow.CrashPoint{Kind: workflow.AfterForeignCall, Step: "charge"}, key)
+		_, err := w.db.Exec(w.ctx, `UPDATE onceflow_definitions SET spec = `+corrupt+` WHERE version = '1'`)
+		require.NoError(t, err)
+
+		v2 := w.payFlow("2", "pay:F@charges", "record_charge:A")
+		e := w.engine(workflow.Config{Workflows: []workflow.Definition{v2}, MaxAttempts: -1})
+		_, err = e.Resume(w.ctx, key)
+		require.ErrorIs(t, err, workflow.ErrParked, corrupt)
+		rec := w.load(key)
+		require.Equal(t, recovery.StatusParked, rec.Status, corrupt)
+		require.Equal(t, 1, rec.Attempts, "%s: only the crash counts", corrupt)
+		require.Equal(t, i+1, w.provider.Effects("charges"), corrupt)
+		_, err = w.db.Exec(w.ctx, `DELETE FROM onceflow_definitions`)
+		require.NoError(t, err)
+	}
+}
+
+// TestUpgradeAttackLegacyRecord: a record claimed before migration 0010
+// has no definition. Its recovery point named a step the running
+// definition renamed (and declared), or dropped: each attempt failed, the
+// completer resumed it again, and after MaxAttempts the key stored a 500
+// although its order was made and its card charged. A declared rename
+// resumes it; a point that is no step parks it.
+func TestUpgradeAttackLegacyRecord(t *testing.T) {
+	w := newWorld(t)
+	v1 := w.payFlow("", "create_order:A", "charge:F@charges", "record_charge:A")
+	legacy := func(key workflow.Key) {
+		w.crashIn(v1, func(e *workflow.Engine) error { _, err := v1.Run(w.ctx, e, key, order); return err },
+			workflow.CrashPoint{Kind: workflow.AfterForeignCall, Step: "charge"}, key)
+		_, err := w.db.Exec(w.ctx, `UPDATE onceflow_keys SET definition = NULL WHERE key = $1`, key.ID)
+		require.NoError(t, err)
+	}
+
+	renamed := workflow.Key{Tenant: "acme", ID: "renamed"}
+	legacy(renamed)
+	v2 := w.payFlow("", "make_order:A", "charge:F@charges", "record_charge:A").
+		Changes(workflow.Renamed("create_order", "make_order"))
+	res, err := w.engine(workflow.Config{Workflows: []workflow.Definition{v2}, MaxAttempts: -1}).Resume(w.ctx, renamed)
+	require.NoError(t, err)
+	require.Equal(t, "create_order", res.ResumedFrom)
+	require.Equal(t, 1, w.provider.Effects("charges"))
+
+	gone := workflow.Key{Tenant: "acme", ID: "gone"}
+	legacy(gone)
+	v3 := w.payFlow("", "open_order:A", "charge:F@charges", "record_charge:A")
+	_, err = w.engine(workflow.Config{Workflows: []workflow.Definition{v3}, MaxAttempts: -1}).Resume(w.ctx, gone)
+	require.ErrorIs(t, err, workflow.ErrParked)
+	rec := w.load(gone)
+	require.Equal(t, recovery.StatusParked, rec.Status)
+	require.Equal(t, 1, rec.Attempts, "only the crash counts")
+}
+
+// TestUpgradeAttackUnreadableUpgradedState: version 2's state upgrader
+// cannot read what version 1 committed. Retrying cannot help (it reads the
+// same JSON each time), yet each attempt failed and counted, until the key
+// stored a 500 after its card was charged. The record parks instead.
+func TestUpgradeAttackUnreadableUpgradedState(t *testing.T) {
+	w := newWorld(t)
+	v1 := w.payFlow("1", "create_order:A", "charge:F@charges", "record_charge:A")
+	w.crashIn(v1, func(e *workflow.Engine) error { _, err := v1.Run(w.ctx, e, acme, order); return err },
+		workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "create_order"}, acme)
+	v2 := w.payFlow("2", "create_order:A", "charge:F@charges", "record_charge:A", "receipt:F@receipts").
+		UpgradeState(func(json.RawMessage) (Paid, error) { return Paid{}, errBadState })
+	_, err := w.engine(workflow.Config{Workflows: []workflow.Definition{v2}, MaxAttempts: -1}).Resume(w.ctx, acme)
+	require.ErrorIs(t, err, workflow.ErrParked)
+	rec := w.load(acme)
+	require.Equal(t, recovery.StatusParked, rec.Status)
+	require.Contains(t, rec.LastError, errBadState.Error())
+}
+
+var errBadState = errorString("no order_id in the stored state")
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
