@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/internal/testapp"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
@@ -225,3 +226,35 @@ var errBadState = errorString("no order_id in the stored state")
 type errorString string
 
 func (e errorString) Error() string { return string(e) }
+
+// TestUpgradeAttackReleaseAfterUnregisteredResumeAs: an operator resumed a
+// parked record as a version no process registers; the process that took
+// it over parked it again, keeping the operator's choice. The operator's
+// release ("try the rules again, after deploying Versions") then parked
+// it once more, for ever: the spent choice still routed it. A park spends
+// the choice, so the release tries the rules, and version 1, registered
+// again, finishes the record.
+func TestUpgradeAttackReleaseAfterUnregisteredResumeAs(t *testing.T) {
+	w := newWorld(t)
+	v1 := w.payFlow("1", "create_order:A", "charge:F@charges", "record_charge:A")
+	v2 := w.payFlow("2", "create_order:A", "fraud_check:F@checks", "charge:F@charges", "record_charge:A")
+	v9 := w.payFlow("9", "create_order:A", "charge:F@charges", "record_charge:A", "note:A")
+	require.NoError(t, w.engine(workflow.Config{Workflows: []workflow.Definition{v9}}).SaveDefinitions(w.ctx))
+	w.crashIn(v1, func(e *workflow.Engine) error { _, err := v1.Run(w.ctx, e, acme, order); return err },
+		workflow.CrashPoint{Kind: workflow.AfterForeignCall, Step: "charge"}, acme)
+
+	_, err := w.engine(workflow.Config{Workflows: []workflow.Definition{v2}}).Resume(w.ctx, acme)
+	require.ErrorIs(t, err, workflow.ErrParked, "charge may have started, and version 2 inserted a step before it")
+
+	both := w.engine(workflow.Config{Workflows: []workflow.Definition{workflow.Versions(v1, v2)}})
+	require.NoError(t, both.Store().Unpark(w.ctx, w.load(acme).Fence(), v9.Spec().Fingerprint, "resume as 9"))
+	_, err = both.Resume(w.ctx, acme)
+	require.ErrorIs(t, err, workflow.ErrParked, "this process does not register version 9")
+
+	require.NoError(t, seam.StoreOf(both.Store()).ReleaseLeaseOver(w.ctx, w.load(acme).Fence(), "try the rules again"))
+	res, err := both.Resume(w.ctx, acme)
+	require.NoError(t, err, "version 1 wrote the record and is registered")
+	require.Equal(t, 200, res.Response.Status)
+	require.Equal(t, 1, w.provider.Effects("charges"))
+	require.Zero(t, w.provider.Effects("checks"))
+}
