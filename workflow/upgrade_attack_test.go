@@ -258,3 +258,24 @@ func TestUpgradeAttackReleaseAfterUnregisteredResumeAs(t *testing.T) {
 	require.Equal(t, 1, w.provider.Effects("charges"))
 	require.Zero(t, w.provider.Effects("checks"))
 }
+
+// TestUpgradeAttackRollingDeployOfARename: version 2 renamed charge to
+// charge_card and declared it; version 1 processes still run. A record
+// version 2 made stops after its call may have been made, and a version 1
+// process takes it over: both derive the call's key from "charge", so it
+// resumes (it was parked, the rename read one way only) and charges once.
+func TestUpgradeAttackRollingDeployOfARename(t *testing.T) {
+	w := newWorld(t)
+	v1 := w.payFlow("1", "create_order:A", "charge:F@charges", "record_charge:A")
+	v2 := w.payFlow("2", "create_order:A", "charge_card:F@charges", "record_charge:A").
+		Changes(workflow.Renamed("charge", "charge_card"))
+	w.crashIn(v2, func(e *workflow.Engine) error { _, err := v2.Run(w.ctx, e, acme, order); return err },
+		workflow.CrashPoint{Kind: workflow.AfterForeignCall, Step: "charge_card"}, acme)
+
+	res, err := w.engine(workflow.Config{Workflows: []workflow.Definition{v1}}).Resume(w.ctx, acme)
+	require.NoError(t, err)
+	require.Equal(t, 200, res.Response.Status)
+	require.Equal(t, 1, w.provider.Effects("charges"))
+	require.Len(t, w.provider.Keys("charges"), 2, "the call was made again, with its key")
+	require.Empty(t, workflow.Diff([]workflow.Spec{v2.Spec()}, []workflow.Spec{v1.Spec()}), "the rollback parks nothing")
+}

@@ -255,8 +255,11 @@ func (s Spec) renamedTo(name string) string {
 //   - the steps the record may have done are every step up to and
 //     including the recovery point, and the foreign step after it, if any
 //     (its call may have been made before a crash);
-//   - each of them, renamed as cur declares, must be cur's step at the
-//     same position with the same kind, and none may be one cur removed;
+//   - each of them, renamed as cur declares (or as old declares, for a
+//     record a later definition wrote), must be cur's step at the same
+//     position with the same kind, and none may be one cur removed;
+//   - the foreign step that may have started must derive its downstream
+//     keys from the same name in both;
 //   - whatever follows them may differ: steps added, removed or changed
 //     after them run as cur says.
 func Resumable(old Spec, point string, cur Spec) (string, string) {
@@ -279,12 +282,14 @@ func Resumable(old Spec, point string, cur Spec) (string, string) {
 		if slices.Contains(cur.Removed, st.Name) {
 			return "", fmt.Sprintf("step %s, which version %s removes, %s", st.Name, cur.Version, state)
 		}
-		name := cur.renamedTo(st.Name)
 		if i >= len(cur.Steps) {
 			return "", fmt.Sprintf("step %s (%s) %s, and version %s has no step %d", st.Name, st.Kind, state, cur.Version, i+1)
 		}
+		// One step under two names: cur renamed it, or, in a rolling
+		// deploy or a rollback, old did.
 		got := cur.Steps[i]
-		if got.Name != name || got.Kind != st.Kind {
+		same := got.Name == cur.renamedTo(st.Name) || old.renamedTo(got.Name) == st.Name
+		if !same || got.Kind != st.Kind {
 			return "", fmt.Sprintf("step %d is %s (%s) in version %s, which %s, but %s (%s) in version %s",
 				i+1, st.Name, st.Kind, old.Version, state, got.Name, got.Kind, cur.Version)
 		}
