@@ -74,9 +74,9 @@ func (e *Engine) route(ctx context.Context, w runnable, rec *recovery.Record) (r
 
 // routeResumeAs routes a record an operator resumed as a definition of
 // their choice (Engine.ResumeAs, onceflow keys resume --as): that
-// definition runs it from its recovery point, without comparing
-// definitions. A process that does not register it parks the record again
-// rather than guess.
+// definition runs it from its recovery point (renamed as it declares),
+// without comparing definitions. A process that does not register it parks
+// the record again rather than guess.
 func (e *Engine) routeResumeAs(ctx context.Context, w runnable, rec *recovery.Record) (route, error) {
 	if rec.ResumeAs != w.spec().Fingerprint {
 		if d, ok := e.definitionFor(rec); ok && d.spec().Fingerprint == rec.ResumeAs {
@@ -85,7 +85,7 @@ func (e *Engine) routeResumeAs(ctx context.Context, w runnable, rec *recovery.Re
 		return route{park: fmt.Sprintf("an operator resumed it as definition %s, which this process does not register (running version %s)",
 			rec.ResumeAs, w.spec().Version)}, nil
 	}
-	r := route{point: rec.RecoveryPoint, upgrade: rec.Definition != rec.ResumeAs}
+	r := route{point: w.spec().renamedTo(rec.RecoveryPoint), upgrade: rec.Definition != rec.ResumeAs}
 	if r.upgrade && rec.Definition != "" {
 		// Only to name the version that wrote the record: the operator
 		// vouched for the rest, so an unreadable one does not matter.
@@ -196,7 +196,8 @@ func (e *Engine) SaveDefinitions(ctx context.Context) error {
 // registered definition of its workflow whose version (or fingerprint) is
 // version, from its recovery point, without comparing definitions. The
 // operator vouches that version can continue what the record's definition
-// started. The record's recovery point must be a step of that version. The
+// started. The record's recovery point must be a step of that version, or
+// one it declares renamed. The
 // change is fenced by the record's owner token as read: of two operators,
 // one wins, and the other gets ErrLeaseLost. `onceflow keys resume --as`
 // does the same from the command line, for whichever process runs the
@@ -214,7 +215,7 @@ func (e *Engine) ResumeAs(ctx context.Context, key Key, version string) (*Result
 		return nil, err
 	}
 	sp := d.spec()
-	if rec.RecoveryPoint != "" && !sp.hasStep(rec.RecoveryPoint) {
+	if rec.RecoveryPoint != "" && !sp.hasStep(sp.renamedTo(rec.RecoveryPoint)) {
 		return nil, fmt.Errorf("%w: resume key %q as version %s of %s: its recovery point %q is not a step of that version",
 			ErrInvalidInput, key.ID, sp.Version, sp.Workflow, rec.RecoveryPoint)
 	}

@@ -279,3 +279,27 @@ func TestUpgradeAttackRollingDeployOfARename(t *testing.T) {
 	require.Len(t, w.provider.Keys("charges"), 2, "the call was made again, with its key")
 	require.Empty(t, workflow.Diff([]workflow.Spec{v2.Spec()}, []workflow.Spec{v1.Spec()}), "the rollback parks nothing")
 }
+
+// TestUpgradeAttackResumeAsRenamedPoint: version 2 renamed the recovery
+// point's step, declared it, and inserted a step before a charge that may
+// have started, so the record parked. The operator vouches for version 2:
+// Engine.ResumeAs refused, the point being no step of version 2 by its old
+// name, and the record could only be failed. The declared rename applies.
+func TestUpgradeAttackResumeAsRenamedPoint(t *testing.T) {
+	w := newWorld(t)
+	v1 := w.payFlow("1", "create_order:A", "charge:F@charges", "record_charge:A")
+	w.crashIn(v1, func(e *workflow.Engine) error { _, err := v1.Run(w.ctx, e, acme, order); return err },
+		workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "create_order"}, acme)
+	v2 := w.payFlow("2", "make_order:A", "fraud_check:F@checks", "charge:F@charges", "record_charge:A").
+		Changes(workflow.Renamed("create_order", "make_order"))
+	e := w.engine(workflow.Config{Workflows: []workflow.Definition{v2}})
+	_, err := e.Resume(w.ctx, acme)
+	require.ErrorIs(t, err, workflow.ErrParked)
+
+	res, err := e.ResumeAs(w.ctx, acme, "2")
+	require.NoError(t, err)
+	require.Equal(t, 200, res.Response.Status)
+	require.Equal(t, 1, w.provider.Effects("checks"))
+	require.Equal(t, 1, w.provider.Effects("charges"))
+	require.Equal(t, 1, w.count(`SELECT count(*) FROM ledger WHERE entry = 'create_order'`), "make_order did not run again")
+}
