@@ -303,3 +303,20 @@ func TestUpgradeAttackResumeAsRenamedPoint(t *testing.T) {
 	require.Equal(t, 1, w.provider.Effects("charges"))
 	require.Equal(t, 1, w.count(`SELECT count(*) FROM ledger WHERE entry = 'create_order'`), "make_order did not run again")
 }
+
+// TestUpgradeAttackOneLabelTwoDefinitions: two registered definitions
+// labelled one version (the steps changed, the label did not) made
+// ResumeAs's choice of "1" a coin toss between them. Registering them is
+// refused.
+func TestUpgradeAttackOneLabelTwoDefinitions(t *testing.T) {
+	w := newWorld(t)
+	a := w.payFlow("1", "create_order:A", "charge:F@charges", "record_charge:A")
+	b := w.payFlow("1", "create_order:A", "charge:F@charges", "record_charge:A", "receipt:F@receipts")
+	_, err := workflow.NewEngine(w.db, workflow.Config{Workflows: []workflow.Definition{workflow.Versions(a, b)}})
+	require.ErrorIs(t, err, workflow.ErrInvalidInput)
+
+	e := w.engine(workflow.Config{Workflows: []workflow.Definition{workflow.Versions(a, w.payFlow("2", "create_order:A"))}})
+	require.ErrorIs(t, e.Register(workflow.Versions(b, w.payFlow("3", "create_order:A", "x:A"))), workflow.ErrInvalidInput)
+	require.Equal(t, []string{"1", "2"}, []string{e.Specs()[0].Version, e.Specs()[1].Version}, "a refused registration changes nothing")
+	require.Len(t, e.Specs(), 2)
+}
