@@ -3,6 +3,8 @@ package workflow_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -25,7 +27,7 @@ import (
 // and steps written "name:A" (an atomic phase writing a ledger row named
 // after the step), or "name:F@endpoint" (a foreign call to the provider's
 // endpoint with the step's derived key; the endpoint is the effect, so a
-// renamed step keeps it). The charge's id goes in the state, and an atomic
+// renamed step keeps it, after w.before). The charge's id goes in the state, and an atomic
 // step named record_charge writes it to the ledger.
 func (w *world) payFlow(version string, steps ...string) *workflow.Workflow[Order, Paid] {
 	var ps []phase.Step[Order, Paid]
@@ -33,6 +35,9 @@ func (w *world) payFlow(version string, steps ...string) *workflow.Workflow[Orde
 		name, kind, _ := strings.Cut(s, ":")
 		if endpoint, ok := strings.CutPrefix(kind, "F@"); ok {
 			ps = append(ps, foreign.Mutation(name, func(ctx context.Context, c *foreign.Call[Order, Paid]) error {
+				if err := w.step(ctx, c.Run.Step); err != nil {
+					return err
+				}
 				id, err := testapp.Call(ctx, w.provider.URL, endpoint, c.Key)
 				c.State.ChargeID = id
 				return err
@@ -319,4 +324,56 @@ func TestUpgradeAttackOneLabelTwoDefinitions(t *testing.T) {
 	require.ErrorIs(t, e.Register(workflow.Versions(b, w.payFlow("3", "create_order:A", "x:A"))), workflow.ErrInvalidInput)
 	require.Equal(t, []string{"1", "2"}, []string{e.Specs()[0].Version, e.Specs()[1].Version}, "a refused registration changes nothing")
 	require.Len(t, e.Specs(), 2)
+}
+
+// TestUpgradeAttackParkedUnderAZombie: a version 1 attempt stalls in its
+// charge past its lease; a version 2 process, which inserted a step before
+// the charge, takes the record over and parks it. The client's retry runs
+// nothing; the stalled attempt wakes, makes its call and cannot commit; of
+// two operators resuming the record at once, one wins. (This held.)
+func TestUpgradeAttackParkedUnderAZombie(t *testing.T) {
+	w := newWorld(t)
+	v1 := w.payFlow("1", "create_order:A", "charge:F@charges", "record_charge:A")
+	v2 := w.payFlow("2", "create_order:A", "fraud_check:F@checks", "charge:F@charges", "record_charge:A")
+	stalled, wake := make(chan struct{}), make(chan struct{})
+	w.before = func(ctx context.Context, step string) error {
+		if step == "charge" {
+			close(stalled)
+			<-wake
+		}
+		return nil
+	}
+	zombie := make(chan error, 1)
+	e1 := w.engine(workflow.Config{Workflows: []workflow.Definition{v1}})
+	go func() { _, err := v1.Run(w.ctx, e1, acme, order); zombie <- err }()
+	<-stalled
+	w.before = nil // read by the zombie only before it stalled
+	require.NoError(t, e1.Store().ExpireLease(w.ctx, acme))
+
+	e2 := w.engine(workflow.Config{Workflows: []workflow.Definition{v2}})
+	_, err := v2.Run(w.ctx, e2, acme, order)
+	require.ErrorIs(t, err, workflow.ErrParked, "the client's retry")
+	_, err = v2.Run(w.ctx, e2, acme, order)
+	require.ErrorIs(t, err, workflow.ErrParked, "and again: nothing runs")
+	require.Zero(t, w.provider.Effects("checks"))
+
+	close(wake)
+	require.ErrorIs(t, <-zombie, workflow.ErrLeaseLost)
+	rec := w.load(acme)
+	require.Equal(t, recovery.StatusParked, rec.Status)
+	require.Zero(t, w.count(`SELECT count(*) FROM ledger WHERE entry LIKE 'record_charge%'`))
+
+	both := w.engine(workflow.Config{Workflows: []workflow.Definition{workflow.Versions(v1, v2)}})
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { errs <- both.Store().Unpark(w.ctx, rec.Fence(), v1.Spec().Fingerprint, "resume as 1") }()
+	}
+	first, second := <-errs, <-errs
+	require.Len(t, slices.DeleteFunc([]error{first, second}, func(err error) bool { return err != nil }), 1, "one operator wins")
+	require.ErrorIs(t, errors.Join(first, second), workflow.ErrLeaseLost)
+	res, err := both.Resume(w.ctx, acme)
+	require.NoError(t, err)
+	require.Equal(t, 200, res.Response.Status)
+	require.Equal(t, 1, w.provider.Effects("charges"))
+	require.Zero(t, w.provider.Effects("checks"))
 }
