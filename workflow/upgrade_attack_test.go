@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -24,11 +25,11 @@ import (
 // that once repeated an effect, skipped one, or left a record looping.
 
 // payFlow declares workflow "pay" with explicit version (none when "")
-// and steps written "name:A" (an atomic phase writing a ledger row named
-// after the step), or "name:F@endpoint" (a foreign call to the provider's
-// endpoint with the step's derived key; the endpoint is the effect, so a
-// renamed step keeps it, after w.before). The charge's id goes in the state, and an atomic
-// step named record_charge writes it to the ledger.
+// and steps written "name:A" (an atomic phase writing a ledger row
+// "key/name"), or "name:F@endpoint" (after w.before, a call to the
+// provider's endpoint with the step's derived key; the endpoint is the
+// effect, so a renamed step keeps it). The charge's id goes in the state,
+// and an atomic step named record_charge adds it to its ledger row.
 func (w *world) payFlow(version string, steps ...string) *workflow.Workflow[Order, Paid] {
 	var ps []phase.Step[Order, Paid]
 	for _, s := range steps {
@@ -45,7 +46,7 @@ func (w *world) payFlow(version string, steps ...string) *workflow.Workflow[Orde
 			continue
 		}
 		ps = append(ps, phase.Atomic(name, func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, Paid]) error {
-			entry := r.Step
+			entry := r.Key.ID + "/" + r.Step
 			if r.Step == "record_charge" {
 				entry += " " + r.State.ChargeID
 			}
@@ -306,7 +307,7 @@ func TestUpgradeAttackResumeAsRenamedPoint(t *testing.T) {
 	require.Equal(t, 200, res.Response.Status)
 	require.Equal(t, 1, w.provider.Effects("checks"))
 	require.Equal(t, 1, w.provider.Effects("charges"))
-	require.Equal(t, 1, w.count(`SELECT count(*) FROM ledger WHERE entry = 'create_order'`), "make_order did not run again")
+	require.Equal(t, 1, w.count(`SELECT count(*) FROM ledger WHERE entry = 'order-1/create_order'`), "make_order did not run again")
 }
 
 // TestUpgradeAttackOneLabelTwoDefinitions: two registered definitions
@@ -361,7 +362,7 @@ func TestUpgradeAttackParkedUnderAZombie(t *testing.T) {
 	require.ErrorIs(t, <-zombie, workflow.ErrLeaseLost)
 	rec := w.load(acme)
 	require.Equal(t, recovery.StatusParked, rec.Status)
-	require.Zero(t, w.count(`SELECT count(*) FROM ledger WHERE entry LIKE 'record_charge%'`))
+	require.Zero(t, w.count(`SELECT count(*) FROM ledger WHERE entry LIKE '%/record_charge%'`))
 
 	both := w.engine(workflow.Config{Workflows: []workflow.Definition{workflow.Versions(v1, v2)}})
 	errs := make(chan error, 2)
@@ -376,4 +377,88 @@ func TestUpgradeAttackParkedUnderAZombie(t *testing.T) {
 	require.Equal(t, 200, res.Response.Status)
 	require.Equal(t, 1, w.provider.Effects("charges"))
 	require.Zero(t, w.provider.Effects("checks"))
+}
+
+// TestUpgradeAttackEveryCrashPoint stops the old definition at each of its
+// crash points and recovers under the new one, for shapes at the edges of
+// the rule: two foreign steps in a row (a step inserted after both, or
+// between them), a first step that is foreign, a last step that is
+// foreign, and one renamed without a declaration. Each record finishes or
+// parks; each foreign effect is made at most once per record, and a record
+// that finishes made every one of the definition that finished it, and
+// each of its atomic phases once. (This held.)
+func TestUpgradeAttackEveryCrashPoint(t *testing.T) {
+	w := newWorld(t)
+	cases := []struct{ old, cur []string }{
+		{[]string{"a0:A", "f1:F@f1", "f2:F@f2", "a3:A"}, []string{"a0:A", "f1:F@f1", "f2:F@f2", "x:F@xx", "a3:A"}},
+		{[]string{"a0:A", "f1:F@f1", "f2:F@f2", "a3:A"}, []string{"a0:A", "f1:F@f1", "x:F@xx", "f2:F@f2", "a3:A"}},
+		{[]string{"f0:F@f0", "a1:A"}, []string{"x:A", "f0:F@f0", "a1:A"}},
+		{[]string{"f0:F@f0", "a1:A"}, []string{"f0:F@f0", "x:F@xx", "a1:A"}},
+		{[]string{"a0:A", "f1:F@f1"}, []string{"a0:A", "f1:F@f1", "a2:A"}},
+		{[]string{"a0:A", "f1:F@f1"}, []string{"a0:A", "g1:F@f1", "a2:A"}},
+	}
+	effects := func() map[string]int {
+		m := map[string]int{}
+		for _, e := range []string{"f0", "f1", "f2", "xx"} {
+			m[e] = w.provider.Effects(e)
+		}
+		return m
+	}
+	n, parked, finished := 0, 0, 0
+	for i, c := range cases {
+		old, cur := w.payFlow("old", c.old...), w.payFlow("new", c.cur...)
+		for _, point := range workflow.CrashPoints(old) {
+			n++
+			key := workflow.Key{Tenant: "acme", ID: fmt.Sprintf("k%d", n)}
+			name := fmt.Sprintf("case %d, %s", i, point)
+			before := effects()
+			_, err := old.Run(w.ctx, w.engine(workflow.Config{Hooks: crashAt(point)}), key, order)
+			require.ErrorIs(t, err, workflow.ErrCrashed, name)
+			rec, err := w.engine(workflow.Config{}).Store().Load(w.ctx, key)
+			if errors.Is(err, workflow.ErrNotFound) {
+				continue // stopped before its claim
+			}
+			require.NoError(t, err, name)
+			if !rec.Finished() {
+				require.NoError(t, w.engine(workflow.Config{}).Store().ExpireLease(w.ctx, key), name)
+			}
+
+			res, err := w.engine(workflow.Config{Workflows: []workflow.Definition{cur}}).Resume(w.ctx, key)
+			after := effects()
+			for e := range after {
+				require.LessOrEqual(t, after[e]-before[e], 1, "%s: effect %s repeated", name, e)
+			}
+			if errors.Is(err, workflow.ErrParked) {
+				parked++
+				continue
+			}
+			require.NoError(t, err, name)
+			require.Equal(t, 200, res.Response.Status, name)
+			finished++
+			ran, steps := cur, c.cur
+			if res.Replayed {
+				ran, steps = old, c.old
+			}
+			for _, st := range ran.Spec().Steps {
+				if st.Kind == phase.KindAtomic {
+					require.Equal(t, 1, w.count(`SELECT count(*) FROM ledger WHERE entry = $1`, key.ID+"/"+st.Name), "%s: %s", name, st.Name)
+					continue
+				}
+				e := endpoints(steps)[st.Name]
+				require.Equal(t, 1, after[e]-before[e], "%s: effect %s skipped", name, e)
+			}
+		}
+	}
+	require.Equal(t, [2]int{12, 24}, [2]int{parked, finished}, "records parked and finished")
+}
+
+// endpoints maps the foreign steps of a payFlow to their endpoints.
+func endpoints(steps []string) map[string]string {
+	m := map[string]string{}
+	for _, s := range steps {
+		if name, endpoint, ok := strings.Cut(s, ":F@"); ok {
+			m[name] = endpoint
+		}
+	}
+	return m
 }
