@@ -83,7 +83,8 @@ func (s *Store) restamp(ctx context.Context, f Fence, definition, recoveryPoint 
 // completer, takes it over and resumes it after its recovery point under
 // that definition, reading its state through that definition's state
 // upgrader when another definition wrote it. A process that does not
-// register that definition parks the record again. note is
+// register that definition parks the record again, and the choice is spent:
+// a release then tries the rules. note is
 // kept as the last error. It returns ErrLeaseLost when the record is no
 // longer parked under that owner token (another operator acted first).
 // Check first that definition can run the record: onceflow keys resume

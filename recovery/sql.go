@@ -106,9 +106,11 @@ RETURNING locked_until`
   AND (status = 'parked' OR (status = 'in_flight' AND locked_until < clock_timestamp()))`
 
 	// parkSQL parks a record the attempt holding it may not run: no lease,
-	// a retired owner token, $4 why.
+	// a retired owner token, $4 why. An operator's choice of definition
+	// (resume_as) that could not be honoured is spent, so that an
+	// operator's release tries the rules again.
 	parkSQL = `UPDATE {keys} SET status = 'parked', locked_until = NULL, owner = gen_random_uuid(),
-    last_error = $4, updated_at = clock_timestamp()
+    last_error = $4, resume_as = NULL, updated_at = clock_timestamp()
 WHERE ` + fence
 
 	// restampSQL records that the attempt holding the record runs it under

@@ -1,6 +1,7 @@
 package workflow
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -152,7 +153,7 @@ func (a *attempt[Req, State]) execute(ctx context.Context) (res *Result, err err
 	}
 	for a.next < len(steps) {
 		step := steps[a.next]
-		a.run.KeyStep = a.w.keyStep(step.Name())
+		a.run.KeyStep = a.w.keyStep(a.next)
 		if a.tx == nil {
 			if err := a.e.crashPoint(ctx, a.key, BeforeStep, step.Name()); err != nil {
 				return nil, err
@@ -214,10 +215,16 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 	}
 	next, ok := a.w.indexAfter(r.point)
 	if !ok {
-		return a.failed(ctx, "", fmt.Errorf("recovery point %q is not a step of workflow %s", r.point, a.w.name))
+		// A record claimed before definitions were stored, or resumed by
+		// an operator's choice: no attempt of this definition can run it.
+		return a.park(ctx, fmt.Sprintf("its recovery point %q is not a step of version %s", r.point, a.w.spec().Version))
 	}
 	a.next = next
 	if err := a.loadState(ctx, rec, r); err != nil {
+		var unreadable *unreadableStateError
+		if errors.As(err, &unreadable) {
+			return a.park(ctx, err.Error())
+		}
 		return a.failed(ctx, "", err)
 	}
 	if outcome == recovery.OutcomeTakeover {
@@ -238,11 +245,14 @@ func (a *attempt[Req, State]) loadState(ctx context.Context, rec *recovery.Recor
 	case r.upgrade && a.w.upgradeState != nil:
 		state, err := a.w.upgradeState(rec.State)
 		if err != nil {
-			return fmt.Errorf("upgrade state written by definition %s: %w", rec.Definition, err)
+			return &unreadableStateError{definition: rec.Definition, err: err}
 		}
 		a.run.State, upgraded = state, true
 	default:
 		if err := json.Unmarshal(rec.State, &a.run.State); err != nil {
+			if r.upgrade {
+				return &unreadableStateError{definition: rec.Definition, err: err}
+			}
 			return fmt.Errorf("decode stored state: %w", err)
 		}
 	}
@@ -272,6 +282,20 @@ func (a *attempt[Req, State]) loadState(ctx context.Context, rec *recovery.Recor
 	}
 	return nil
 }
+
+// unreadableStateError reports a state another definition committed that
+// this one cannot read: every attempt would read the same JSON and fail, so
+// the record is parked instead.
+type unreadableStateError struct {
+	definition string
+	err        error
+}
+
+func (e *unreadableStateError) Error() string {
+	return fmt.Sprintf("cannot read the state written by definition %s: %v", cmp.Or(e.definition, "(none recorded)"), e.err)
+}
+
+func (e *unreadableStateError) Unwrap() error { return e.err }
 
 // park parks the record this attempt claimed: the running definition may
 // not resume it (reason says why). Its lease ends with it, so that no

@@ -97,6 +97,9 @@ func (w *Workflow[Req, State]) Steps() []StepInfo {
 	infos := make([]StepInfo, len(w.steps))
 	for i, s := range w.steps {
 		infos[i] = StepInfo{Name: s.Name(), Kind: s.Kind()}
+		if first := firstName(w.renamed, s.Name()); first != s.Name() {
+			infos[i].Key = first
+		}
 	}
 	return infos
 }

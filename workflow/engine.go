@@ -219,8 +219,15 @@ func (e *Engine) Register(defs ...Definition) error {
 		if fam == nil {
 			fam = &family{byFP: map[string]runnable{}}
 		}
-		for _, m := range members {
+		for i, m := range members {
 			sp := m.spec()
+			// ResumeAs and `keys resume --as` pick a definition by its label.
+			if slices.ContainsFunc(append(slices.Collect(maps.Values(fam.byFP)), members[:i]...), func(o runnable) bool {
+				return o.spec().Fingerprint != sp.Fingerprint && o.spec().Version == sp.Version
+			}) {
+				return fmt.Errorf("%w: two definitions of workflow %q are labelled version %s; give each its own (Workflow.Version)",
+					ErrInvalidInput, d.Name(), sp.Version)
+			}
 			if existing, ok := fam.byFP[sp.Fingerprint]; ok && existing != m {
 				return fmt.Errorf("%w: two definitions of workflow %q are version %s; declare each once", ErrInvalidInput, d.Name(), sp.Version)
 			}

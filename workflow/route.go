@@ -47,17 +47,25 @@ func (e *Engine) route(ctx context.Context, s *recovery.Store, w runnable, rec *
 	if rec.ResumeAs != "" {
 		return e.routeResumeAs(ctx, s, w, rec)
 	}
-	if rec.Definition == "" || rec.Definition == cur.Fingerprint {
+	switch {
+	case rec.Definition == "":
+		// Claimed before definitions were stored: resume as before, at
+		// the recovery point's name in this definition.
+		return route{point: cur.renamedTo(rec.RecoveryPoint)}, nil
+	case rec.Definition == cur.Fingerprint:
 		return route{point: rec.RecoveryPoint}, nil
 	}
 	if d, ok := e.definitionFor(rec); ok && d.spec().Fingerprint == rec.Definition {
 		return route{other: d}, nil
 	}
 	old, err := e.storedSpec(ctx, s, rec.Workflow, rec.Definition)
-	if err != nil {
+	var unreadable *unreadableSpecError
+	switch {
+	case errors.As(err, &unreadable):
+		return route{park: fmt.Sprintf("%v; running version %s", err, cur.Version)}, nil
+	case err != nil:
 		return route{}, err
-	}
-	if old == nil {
+	case old == nil:
 		return route{park: fmt.Sprintf("the definition that wrote the record (fingerprint %s) is neither registered nor stored; running version %s",
 			rec.Definition, cur.Version)}, nil
 	}
@@ -70,9 +78,9 @@ func (e *Engine) route(ctx context.Context, s *recovery.Store, w runnable, rec *
 
 // routeResumeAs routes a record an operator resumed as a definition of
 // their choice (Engine.ResumeAs, onceflow keys resume --as): that
-// definition runs it from its recovery point, without comparing
-// definitions. A process that does not register it parks the record again
-// rather than guess.
+// definition runs it from its recovery point (renamed as it declares),
+// without comparing definitions. A process that does not register it parks
+// the record again rather than guess.
 func (e *Engine) routeResumeAs(ctx context.Context, s *recovery.Store, w runnable, rec *recovery.Record) (route, error) {
 	if rec.ResumeAs != w.spec().Fingerprint {
 		if d, ok := e.definitionFor(rec); ok && d.spec().Fingerprint == rec.ResumeAs {
@@ -83,8 +91,11 @@ func (e *Engine) routeResumeAs(ctx context.Context, s *recovery.Store, w runnabl
 	}
 	r := route{point: w.spec().renamedTo(rec.RecoveryPoint), upgrade: rec.Definition != rec.ResumeAs}
 	if r.upgrade && rec.Definition != "" {
+		// Only to name the version that wrote the record: the operator
+		// vouched for the rest, so an unreadable one does not matter.
 		old, err := e.storedSpec(ctx, s, rec.Workflow, rec.Definition)
-		if err != nil {
+		var unreadable *unreadableSpecError
+		if err != nil && !errors.As(err, &unreadable) {
 			return route{}, err
 		}
 		r.from = old
@@ -92,8 +103,21 @@ func (e *Engine) routeResumeAs(ctx context.Context, s *recovery.Store, w runnabl
 	return r, nil
 }
 
+// unreadableSpecError reports a stored definition that cannot be compared
+// with: it does not decode (a step kind this build does not know), or is not
+// the definition it is stored as.
+type unreadableSpecError struct {
+	workflow, fingerprint, why string
+}
+
+func (e *unreadableSpecError) Error() string {
+	return fmt.Sprintf("the stored definition that wrote the record (fingerprint %s of %s) is unreadable: %s",
+		e.fingerprint, e.workflow, e.why)
+}
+
 // storedSpec returns the stored definition of workflow with fingerprint,
-// read through s, nil when none is stored.
+// read through s, nil when none is stored, and an *unreadableSpecError when the one stored
+// cannot be used.
 func (e *Engine) storedSpec(ctx context.Context, s *recovery.Store, workflow, fingerprint string) (*Spec, error) {
 	cacheKey := workflow + "\x00" + fingerprint
 	e.mu.RLock()
@@ -108,7 +132,11 @@ func (e *Engine) storedSpec(ctx context.Context, s *recovery.Store, workflow, fi
 	}
 	sp = new(Spec)
 	if err := json.Unmarshal(defs[0].Spec, sp); err != nil {
-		return nil, fmt.Errorf("decode stored definition %s of %s: %w", fingerprint, workflow, err)
+		return nil, &unreadableSpecError{workflow: workflow, fingerprint: fingerprint, why: err.Error()}
+	}
+	if sp.Workflow != workflow || sp.Fingerprint != fingerprint || len(sp.Steps) == 0 {
+		return nil, &unreadableSpecError{workflow: workflow, fingerprint: fingerprint,
+			why: fmt.Sprintf("it names workflow %q, fingerprint %q and %d steps", sp.Workflow, sp.Fingerprint, len(sp.Steps))}
 	}
 	e.mu.Lock()
 	e.specs[cacheKey] = sp
@@ -172,7 +200,8 @@ func (e *Engine) SaveDefinitions(ctx context.Context) error {
 // registered definition of its workflow whose version (or fingerprint) is
 // version, from its recovery point, without comparing definitions. The
 // operator vouches that version can continue what the record's definition
-// started. The record's recovery point must be a step of that version. The
+// started. The record's recovery point must be a step of that version, or
+// one it declares renamed. The
 // change is fenced by the record's owner token as read: of two operators,
 // one wins, and the other gets ErrLeaseLost. `onceflow keys resume --as`
 // does the same from the command line, for whichever process runs the

@@ -1,6 +1,7 @@
 package workflow
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -47,7 +48,13 @@ type Spec struct {
 type StepInfo struct {
 	Name string     `json:"name"`
 	Kind phase.Kind `json:"kind"`
+	// Key is the name the step's downstream keys derive from when it is
+	// not Name: the first name of a step declared renamed (Renamed).
+	Key string `json:"key,omitempty"`
 }
+
+// keyName is the name the step's downstream keys derive from.
+func (st StepInfo) keyName() string { return cmp.Or(st.Key, st.Name) }
 
 // Change is a declared difference between a definition and the ones before
 // it, so that records they wrote can be resumed by it: see Renamed and
@@ -61,9 +68,11 @@ type Change struct {
 // record whose recovery point is at or after from resumes at to, and to
 // keeps deriving its downstream keys from from (phase.Run.KeyStep), so that
 // a call that may have been made under the old name is made again with the
-// same key. Keep the declaration while records written under the old name
-// may be in flight; after a second rename, declare both (Renamed("a", "b"),
-// Renamed("b", "c")).
+// same key. The declaration is part of the definition's fingerprint: records
+// made since the rename derive their keys from from too, so a definition
+// that drops it parks those that may have started the call. After a second
+// rename, declare the chain (Renamed("a", "b"), Renamed("b", "c")); two
+// renames to one step are refused.
 func Renamed(from, to string) Change { return Change{renamedFrom: from, renamedTo: to} }
 
 // Removed declares that earlier definitions had step, and its effect is no
@@ -153,7 +162,14 @@ func (w *Workflow[Req, State]) computeSpec() Spec {
 	write(w.version)
 	for _, st := range s.Steps {
 		write(st.Name)
-		write(st.Kind.String())
+		if st.Key == "" {
+			write(st.Kind.String())
+			continue
+		}
+		// Not a kind's name, so that no definition without renames
+		// hashes the same.
+		write(st.Kind.String() + " keyed")
+		write(st.Key)
 	}
 	s.Fingerprint = hex.EncodeToString(h.Sum(nil)[:fingerprintLength])
 	s.Version = w.version
@@ -163,14 +179,18 @@ func (w *Workflow[Req, State]) computeSpec() Spec {
 	return s
 }
 
-// keyStep is the name step's downstream keys derive from: its first name.
-func (w *Workflow[Req, State]) keyStep(step string) string {
-	first := step
-	for range len(w.renamed) {
+// keyStep is the name the downstream keys of the step at index i derive
+// from: its first name.
+func (w *Workflow[Req, State]) keyStep(i int) string { return w.spec().Steps[i].keyName() }
+
+// firstName follows renames back from step to its first name. Each name
+// is the target of one rename at most (validChanges).
+func firstName(renamed map[string]string, step string) string {
+	for range len(renamed) {
 		found := false
-		for from, to := range w.renamed {
-			if to == first {
-				first, found = from, true
+		for from, to := range renamed {
+			if to == step {
+				step, found = from, true
 				break
 			}
 		}
@@ -178,11 +198,20 @@ func (w *Workflow[Req, State]) keyStep(step string) string {
 			break
 		}
 	}
-	return first
+	return step
 }
 
 // validChanges reports a rename or removal that contradicts the steps.
 func (s Spec) validChanges() error {
+	into := map[string]string{}
+	for from, to := range s.Renamed {
+		if other, ok := into[to]; ok {
+			a, b := min(from, other), max(from, other)
+			return fmt.Errorf("%w: Renamed(%q, %q) and Renamed(%q, %q): a step has one earlier name; declare the chain of renames instead",
+				ErrInvalidInput, a, to, b, to)
+		}
+		into[to] = from
+	}
 	for from, to := range s.Renamed {
 		if s.hasStep(from) {
 			return fmt.Errorf("%w: Renamed(%q, %q): the workflow still has a step %q", ErrInvalidInput, from, to, from)
@@ -226,8 +255,11 @@ func (s Spec) renamedTo(name string) string {
 //   - the steps the record may have done are every step up to and
 //     including the recovery point, and the foreign step after it, if any
 //     (its call may have been made before a crash);
-//   - each of them, renamed as cur declares, must be cur's step at the
-//     same position with the same kind, and none may be one cur removed;
+//   - each of them, renamed as cur declares (or as old declares, for a
+//     record a later definition wrote), must be cur's step at the same
+//     position with the same kind, and none may be one cur removed;
+//   - the foreign step that may have started must derive its downstream
+//     keys from the same name in both;
 //   - whatever follows them may differ: steps added, removed or changed
 //     after them run as cur says.
 func Resumable(old Spec, point string, cur Spec) (string, string) {
@@ -250,13 +282,20 @@ func Resumable(old Spec, point string, cur Spec) (string, string) {
 		if slices.Contains(cur.Removed, st.Name) {
 			return "", fmt.Sprintf("step %s, which version %s removes, %s", st.Name, cur.Version, state)
 		}
-		name := cur.renamedTo(st.Name)
 		if i >= len(cur.Steps) {
 			return "", fmt.Sprintf("step %s (%s) %s, and version %s has no step %d", st.Name, st.Kind, state, cur.Version, i+1)
 		}
-		if got := cur.Steps[i]; got.Name != name || got.Kind != st.Kind {
+		// One step under two names: cur renamed it, or, in a rolling
+		// deploy or a rollback, old did.
+		got := cur.Steps[i]
+		same := got.Name == cur.renamedTo(st.Name) || old.renamedTo(got.Name) == st.Name
+		if !same || got.Kind != st.Kind {
 			return "", fmt.Sprintf("step %d is %s (%s) in version %s, which %s, but %s (%s) in version %s",
 				i+1, st.Name, st.Kind, old.Version, state, got.Name, got.Kind, cur.Version)
+		}
+		if i >= done && got.keyName() != st.keyName() {
+			return "", fmt.Sprintf("step %s %s with downstream keys derived from %q in version %s, but version %s derives them from %q",
+				st.Name, state, st.keyName(), old.Version, cur.Version, got.keyName())
 		}
 	}
 	if last < 0 {
