@@ -196,7 +196,7 @@ func TestUpgradeAttackLegacyRecord(t *testing.T) {
 		Changes(workflow.Renamed("create_order", "make_order"))
 	res, err := w.engine(workflow.Config{Workflows: []workflow.Definition{v2}, MaxAttempts: -1}).Resume(w.ctx, renamed)
 	require.NoError(t, err)
-	require.Equal(t, "create_order", res.ResumedFrom)
+	require.Equal(t, "make_order", res.ResumedFrom, "in the running definition's names")
 	require.Equal(t, 1, w.provider.Effects("charges"))
 
 	gone := workflow.Key{Tenant: "acme", ID: "gone"}
