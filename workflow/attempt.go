@@ -103,8 +103,14 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, req 
 	return a.execute(ctx)
 }
 
-// resume continues the workflow of rec from its stored request.
+// resume continues the workflow of rec from its stored request. It stores
+// w's definition first, as run does: the attempt may stamp the record with
+// it (or park the record under it), and a later process, or an operator's
+// onceflow keys resume --as, must find it.
 func (w *Workflow[Req, State]) resume(ctx context.Context, e *Engine, rec *recovery.Record, hops int) (*Result, error) {
+	if err := e.ensureSaved(ctx, w); err != nil {
+		return nil, fmt.Errorf("workflow %s: %w", w.name, err)
+	}
 	a := &attempt[Req, State]{e: e, w: w, key: rec.Key, fromRecord: true, hops: hops,
 		claim: func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
 			return seam.StoreOf(s).Takeover(ctx, rec.Key, w.name)
