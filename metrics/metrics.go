@@ -35,6 +35,7 @@ type Metrics struct {
 	pruned      *prometheus.CounterVec
 	outbox      *prometheus.CounterVec
 	abandoned   *prometheus.GaugeVec
+	parkedNow   *prometheus.GaugeVec
 	oldest      prometheus.Gauge
 	taskRuns    *prometheus.CounterVec
 	taskSeconds *prometheus.HistogramVec
@@ -78,6 +79,10 @@ func New() *Metrics {
 			Name: "onceflow_abandoned_records",
 			Help: "Expired records in flight of workflows the sweeper cannot resume.",
 		}, []string{"workflow"}),
+		parkedNow: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "onceflow_parked_records",
+			Help: "Parked records, which wait for an operator (onceflow keys list --status parked).",
+		}, []string{"workflow"}),
 		oldest: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "onceflow_oldest_in_flight_seconds",
 			Help: "Age of the oldest record in flight; 0 when none is.",
@@ -101,7 +106,7 @@ func New() *Metrics {
 // your own.
 func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.claims, m.leaseLost, m.parked, m.steps, m.resumes, m.pruned, m.outbox, m.abandoned,
-		m.oldest, m.taskRuns, m.taskSeconds}
+		m.parkedNow, m.oldest, m.taskRuns, m.taskSeconds}
 }
 
 // Registry returns the registry New created.
@@ -162,6 +167,12 @@ func (m *Metrics) Resumed(workflow string, err error) {
 // (sweeper.Observer).
 func (m *Metrics) Abandoned(workflow string, records int) {
 	m.abandoned.WithLabelValues(workflow).Set(float64(records))
+}
+
+// ParkedRecords sets the count of parked records of a workflow
+// (sweeper.Observer).
+func (m *Metrics) ParkedRecords(workflow string, records int) {
+	m.parkedNow.WithLabelValues(workflow).Set(float64(records))
 }
 
 // OldestInFlight sets the age of the oldest record in flight

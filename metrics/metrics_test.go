@@ -72,7 +72,10 @@ func TestMetricsOverHTTP(t *testing.T) {
 	require.NoError(t, err)
 	_, err = db.Exec(ctx, `INSERT INTO onceflow_keys (tenant_id, key, id, workflow, request_hash, owner, locked_until, created_at)
 		VALUES ('acme', 'stuck', gen_random_uuid(), 'gone', decode(repeat('00', 32), 'hex'), gen_random_uuid(),
-			now() - interval '1 hour', now() - interval '2 hours')`)
+			now() - interval '1 hour', now() - interval '2 hours');
+		INSERT INTO onceflow_keys (tenant_id, key, id, workflow, request_hash, owner, status, recovery_point, last_error)
+		VALUES ('acme', 'parked', gen_random_uuid(), 'pay', decode(repeat('00', 32), 'hex'), gen_random_uuid(),
+			'parked', 'write', 'written by version 1, running version 2')`)
 	require.NoError(t, err)
 	s, err := sweeper.New(sweeper.Config{Observer: m, Tasks: []sweeper.Scheduled{
 		{Schedule: "@hourly", Task: pruner}, {Schedule: "@hourly", Task: reporter}}})
@@ -97,6 +100,7 @@ func TestMetricsOverHTTP(t *testing.T) {
 		`onceflow_pruned_rows_total{table="onceflow_keys"} 1`,
 		`onceflow_sweeper_task_runs_total{result="ok",task="pruner"} 1`,
 		`onceflow_abandoned_records{workflow="gone"} 1`,
+		`onceflow_parked_records{workflow="pay"} 1`,
 		`onceflow_oldest_in_flight_seconds 72`, // two hours, as 7.2e+03
 		`go_goroutines`,
 	} {

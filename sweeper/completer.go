@@ -86,6 +86,12 @@ func (cfg CompleterConfig) validate() error {
 // token) and resumes it through the engine's registered workflows. Records
 // of workflows the engine does not know are reported, not touched.
 //
+// Parked records (recovery.StatusParked: a changed definition may not
+// resume them) are never picked: they hold no lease and wait for an
+// operator. Each run counts them per workflow, for the observer
+// (Observer.ParkedRecords) and, when a count changes to a number above
+// zero, a Warn log.
+//
 // A record is due when its backoff has passed and its lease has ended:
 // run out (its process stopped) or handed back (its attempt failed). Each
 // run resumes at most BatchSize due records, in turns across tenants: the
@@ -105,9 +111,10 @@ type Completer struct {
 
 	mu        sync.Mutex
 	abandoned map[string]int // abandoned records per workflow, as last reported
+	parked    map[string]int // parked records per workflow, as last reported
 }
 
-type completerSQL struct{ due, abandoned, oldest string }
+type completerSQL struct{ due, abandoned, parked, oldest string }
 
 // NewCompleter returns a completer that resumes through engine, in the
 // engine's schema. With a nil engine it only reports abandoned records and
@@ -135,11 +142,13 @@ func NewCompleter(db DBTX, engine *workflow.Engine, cfg CompleterConfig) (*Compl
 		sql: completerSQL{
 			due:       dbschema.Expand(dueSQL, schema),
 			abandoned: dbschema.Expand(abandonedSQL, schema),
+			parked:    dbschema.Expand(parkedSQL, schema),
 			oldest:    dbschema.Expand(oldestSQL, schema),
 		},
 		logger:    cfg.Logger,
 		observer:  cfg.Observer,
 		abandoned: map[string]int{},
+		parked:    map[string]int{},
 	}, nil
 }
 
@@ -176,12 +185,19 @@ SELECT workflow, count(*) FROM {schema}.onceflow_keys
 WHERE status = 'in_flight' AND locked_until < clock_timestamp() AND NOT (workflow = ANY($1))
 GROUP BY workflow`
 
+// parkedSQL counts parked records per workflow. The partial index
+// onceflow_keys_parked_idx holds exactly the parked records, so the count
+// reads those, however many others the table has.
+const parkedSQL = `
+SELECT workflow, count(*) FROM {schema}.onceflow_keys WHERE status = 'parked' GROUP BY workflow`
+
 const oldestSQL = `
 SELECT coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
 FROM {schema}.onceflow_keys WHERE status = 'in_flight'`
 
-// Run reports what it cannot resume and the age of the oldest record in
-// flight, then resumes one batch of due records.
+// Run reports what it cannot resume (abandoned and parked records) and the
+// age of the oldest record in flight, then resumes one batch of due
+// records.
 func (c *Completer) Run(ctx context.Context) error {
 	var known []string
 	if c.engine != nil {
@@ -244,6 +260,8 @@ func (c *Completer) resume(ctx context.Context, d dueRecord) {
 	switch {
 	case errors.Is(err, workflow.ErrInFlight), errors.Is(err, workflow.ErrNotFound):
 		return // another sweeper or a client retry got there first
+	case errors.Is(err, workflow.ErrParked):
+		// The engine parked it (and logged why); report counts it from now on.
 	case err != nil:
 		c.logger.WarnContext(ctx, "could not complete an abandoned record", append(attrs, slog.Any("error", err))...)
 	case res.Replayed:
@@ -261,40 +279,25 @@ func (c *Completer) resume(ctx context.Context, d dueRecord) {
 }
 
 // report tells the observer and the log about records no known workflow can
-// resume, and about the oldest record in flight.
+// resume, about parked records, and about the oldest record in flight.
 func (c *Completer) report(ctx context.Context, known []string) error {
 	ctx, cancel := context.WithTimeout(ctx, completerReportTimeout)
 	defer cancel()
 	if known == nil {
 		known = []string{}
 	}
-	rows, err := c.db.Query(ctx, c.sql.abandoned, known)
+	abandoned, err := c.countPerWorkflow(ctx, c.sql.abandoned, known)
 	if err != nil {
-		return fmt.Errorf("count abandoned records: %w", recovery.NotMigrated(c.schema, err))
+		return fmt.Errorf("count abandoned records: %w", err)
 	}
-	counts := map[string]int{}
-	var (
-		name string
-		n    int
-	)
-	if _, err := pgx.ForEachRow(rows, []any{&name, &n}, func() error { counts[name] = n; return nil }); err != nil {
-		return fmt.Errorf("count abandoned records: %w", recovery.NotMigrated(c.schema, err))
+	parked, err := c.countPerWorkflow(ctx, c.sql.parked)
+	if err != nil {
+		return fmt.Errorf("count parked records: %w", err)
 	}
 	c.mu.Lock()
-	for name, n := range counts {
-		if c.abandoned[name] != n { // log changes, not every run
-			c.logger.WarnContext(ctx, "abandoned records of a workflow this sweeper cannot resume",
-				slog.String("workflow", name), slog.Int("records", n))
-		}
-		c.observeAbandoned(name, n)
-		c.abandoned[name] = n
-	}
-	for name := range c.abandoned {
-		if _, still := counts[name]; !still {
-			c.observeAbandoned(name, 0)
-			delete(c.abandoned, name)
-		}
-	}
+	c.reportCounts(ctx, c.abandoned, abandoned, "abandoned records of a workflow this sweeper cannot resume", c.observeAbandoned)
+	c.reportCounts(ctx, c.parked, parked, "parked records wait for an operator: onceflow keys list --status parked",
+		c.observeParked)
 	c.mu.Unlock()
 
 	var seconds float64
@@ -307,8 +310,50 @@ func (c *Completer) report(ctx context.Context, known []string) error {
 	return nil
 }
 
+// countPerWorkflow runs sql, which returns (workflow, count) rows.
+func (c *Completer) countPerWorkflow(ctx context.Context, sql string, args ...any) (map[string]int, error) {
+	rows, err := c.db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, recovery.NotMigrated(c.schema, err)
+	}
+	counts := map[string]int{}
+	var (
+		name string
+		n    int
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&name, &n}, func() error { counts[name] = n; return nil }); err != nil {
+		return nil, recovery.NotMigrated(c.schema, err)
+	}
+	return counts, nil
+}
+
+// reportCounts observes each workflow's count, 0 for a workflow last
+// reported that has none left, logs msg at Warn for each count that
+// changed (not every run), and keeps the counts in last. c.mu is held.
+func (c *Completer) reportCounts(ctx context.Context, last, counts map[string]int, msg string, observe func(string, int)) {
+	for name, n := range counts {
+		if last[name] != n {
+			c.logger.WarnContext(ctx, msg, slog.String("workflow", name), slog.Int("records", n))
+		}
+		observe(name, n)
+		last[name] = n
+	}
+	for name := range last {
+		if _, still := counts[name]; !still {
+			observe(name, 0)
+			delete(last, name)
+		}
+	}
+}
+
 func (c *Completer) observeAbandoned(name string, n int) {
 	if c.observer != nil {
 		c.observer.Abandoned(name, n)
+	}
+}
+
+func (c *Completer) observeParked(name string, n int) {
+	if c.observer != nil {
+		c.observer.ParkedRecords(name, n)
 	}
 }

@@ -106,7 +106,8 @@ func (cfg PrunerConfig) validate() error {
 }
 
 // Pruner deletes records that finished longer ago than the retention, in
-// bounded, time-boxed batches. It never touches a record in flight.
+// bounded, time-boxed batches. It never touches a record in flight, nor a
+// parked one.
 type Pruner struct {
 	db         DBTX
 	schema     string
@@ -175,17 +176,21 @@ func (p *Pruner) Name() string { return "pruner" }
 // A row updated after the statement's snapshot has a ctid the delete does
 // not see, so it is left alone for a later batch.
 
-// pruneKeysSQL deletes a batch of records finished before the retention.
-// A finished record never goes back in flight, and the delete says so
-// again.
+// pruneKeysSQL deletes a batch of records finished (completed or failed)
+// before the retention. A finished record never changes status again, and
+// the delete says so again. It names the finished statuses rather than
+// "not in flight": a parked record is not finished, it waits for an
+// operator, and is never pruned. The list of statuses implies the
+// predicate of onceflow_keys_finished_idx (status <> 'in_flight'), so the
+// index still serves it.
 const pruneKeysSQL = `
 DELETE FROM {schema}.onceflow_keys WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM {schema}.onceflow_keys
-    WHERE status <> 'in_flight' AND completed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
+    WHERE status IN ('completed', 'failed') AND completed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
     ORDER BY completed_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-)) AND status <> 'in_flight'`
+)) AND status IN ('completed', 'failed')`
 
 // pruneOutboxSQL deletes a batch of messages delivered before the
 // retention. A delivered message never changes again.

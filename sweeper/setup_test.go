@@ -100,14 +100,16 @@ type recorder struct {
 	runs      map[string]int
 	pruned    map[string]int
 	resumed   map[string]int
+	attempted map[string]int // every Resumed, whatever its error
 	abandoned map[string]int
+	parked    map[string]int
 	oldest    time.Duration
 	ran       chan string
 }
 
 func newRecorder() *recorder {
-	return &recorder{runs: map[string]int{}, pruned: map[string]int{}, resumed: map[string]int{},
-		abandoned: map[string]int{}, ran: make(chan string, 100)}
+	return &recorder{runs: map[string]int{}, pruned: map[string]int{}, resumed: map[string]int{}, attempted: map[string]int{},
+		abandoned: map[string]int{}, parked: map[string]int{}, ran: make(chan string, 100)}
 }
 
 func (r *recorder) TaskRan(task string, _ time.Duration, _ error) {
@@ -129,6 +131,7 @@ func (r *recorder) Pruned(table string, rows int) {
 func (r *recorder) Resumed(workflow string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.attempted[workflow]++
 	if err == nil {
 		r.resumed[workflow]++
 	}
@@ -138,6 +141,24 @@ func (r *recorder) Abandoned(workflow string, records int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.abandoned[workflow] = records
+}
+
+func (r *recorder) ParkedRecords(workflow string, records int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.parked[workflow] = records
+}
+
+// parkedNow is the count of parked records of workflow last reported; -1
+// when none was.
+func (r *recorder) parkedNow(workflow string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.parked[workflow]
+	if !ok {
+		return -1
+	}
+	return n
 }
 
 func (r *recorder) OldestInFlight(age time.Duration) {

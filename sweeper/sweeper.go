@@ -85,6 +85,9 @@ type Observer interface {
 	// Abandoned reports how many expired records of a workflow no
 	// registered definition can resume (0 when none are left).
 	Abandoned(workflow string, records int)
+	// ParkedRecords reports how many records of a workflow are parked,
+	// waiting for an operator (0 when none are left).
+	ParkedRecords(workflow string, records int)
 	// OldestInFlight reports the age of the oldest record in flight, 0
 	// when none is.
 	OldestInFlight(age time.Duration)

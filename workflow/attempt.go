@@ -104,11 +104,10 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, req 
 	return a.execute(ctx)
 }
 
-// resume continues the workflow of rec from its stored request. Like run,
-// it stores w's definition first: resuming a record another definition
-// wrote stamps it with w's fingerprint, and a process running another
-// definition then reads w's from the database to decide whether it may
-// resume the record in turn.
+// resume continues the workflow of rec from its stored request. It stores
+// w's definition first, as run does: the attempt may stamp the record with
+// it (or park the record under it), and a later process, or an operator's
+// onceflow keys resume --as, must find it.
 func (w *Workflow[Req, State]) resume(ctx context.Context, e *Engine, rec *recovery.Record, hops int) (*Result, error) {
 	if err := e.ensureSaved(ctx, w); err != nil {
 		return nil, fmt.Errorf("workflow %s: %w", w.name, err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -25,7 +26,7 @@ func newKeys(opts *options) *cobra.Command {
 		Use:   "keys",
 		Short: "Inspect and unstick idempotency keys",
 	})
-	cmd.AddCommand(newKeysList(opts), newKeysShow(opts), newKeysRelease(opts), newKeysFail(opts))
+	cmd.AddCommand(newKeysList(opts), newKeysShow(opts), newKeysRelease(opts), newKeysFail(opts), newKeysResume(opts))
 	return cmd
 }
 
@@ -39,6 +40,7 @@ func newKeysList(opts *options) *cobra.Command {
 		Use:   "list",
 		Short: "List keys, least recently updated first",
 		Example: `  onceflow keys list --status in_flight --stuck-for 10m
+  onceflow keys list --status parked
   onceflow keys list --tenant acme --json`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -46,10 +48,10 @@ func newKeysList(opts *options) *cobra.Command {
 				return err
 			}
 			switch recovery.Status(status) {
-			case "", recovery.StatusInFlight, recovery.StatusCompleted, recovery.StatusFailed:
+			case "", recovery.StatusInFlight, recovery.StatusCompleted, recovery.StatusFailed, recovery.StatusParked:
 				f.Status = recovery.Status(status)
 			default:
-				return usageError{fmt.Errorf("--status must be in_flight, completed or failed, not %q", status)}
+				return usageError{fmt.Errorf("--status must be in_flight, parked, completed or failed, not %q", status)}
 			}
 			store, db, err := opts.store(cmd)
 			if err != nil {
@@ -61,9 +63,13 @@ func newKeysList(opts *options) *cobra.Command {
 				return err
 			}
 			if asJSON {
+				versions, err := definitionVersions(cmd.Context(), store, "")
+				if err != nil {
+					return err
+				}
 				out := make([]keyJSON, len(recs))
 				for i, r := range recs {
-					out[i] = toJSON(r)
+					out[i] = toJSON(r, versions)
 				}
 				return writeJSON(opts.stdout, out)
 			}
@@ -76,7 +82,7 @@ func newKeysList(opts *options) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&f.Tenant, "tenant", "", "only this tenant's keys")
-	cmd.Flags().StringVar(&status, "status", "", "only keys in this status: in_flight, completed or failed")
+	cmd.Flags().StringVar(&status, "status", "", "only keys in this status: in_flight, parked, completed or failed")
 	cmd.Flags().DurationVar(&f.StuckFor, "stuck-for", 0, "only keys in flight with no progress for longer than this")
 	cmd.Flags().IntVar(&f.Limit, "limit", 100, "list at most this many")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -88,7 +94,11 @@ func newKeysShow(opts *options) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "show TENANT KEY",
 		Short: "Show one key's record, with its request, state and response",
-		Args:  args(cobra.ExactArgs(2)),
+		Long: `show prints a key's record: its status, recovery point, the version of the
+workflow definition that wrote it, its request, state and response. A parked
+key shows why it was parked, and the version an operator chose to resume it
+under (keys resume), if any.`,
+		Args: args(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			store, db, err := opts.store(cmd)
 			if err != nil {
@@ -99,7 +109,11 @@ func newKeysShow(opts *options) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out := toJSON(rec)
+			versions, err := definitionVersions(cmd.Context(), store, rec.Workflow)
+			if err != nil {
+				return err
+			}
+			out := toJSON(rec, versions)
 			if asJSON {
 				return writeJSON(opts.stdout, out)
 			}
@@ -110,9 +124,17 @@ func newKeysShow(opts *options) *cobra.Command {
 			t.row("workflow", out.Workflow)
 			t.row("status", out.Status)
 			t.row("recovery point", out.RecoveryPoint)
+			t.row("definition", out.Definition.String())
+			if out.ResumeAs != nil {
+				t.row("resume as", out.ResumeAs.String())
+			}
 			t.row("attempts", strconv.Itoa(out.Attempts))
 			t.row("lease", lease(rec))
-			t.row("last error", out.LastError)
+			if rec.Status == recovery.StatusParked {
+				t.row("parked because", out.LastError)
+			} else {
+				t.row("last error", out.LastError)
+			}
 			t.row("created", out.CreatedAt.Format(time.RFC3339Nano))
 			t.row("updated", out.UpdatedAt.Format(time.RFC3339Nano))
 			t.row("request", string(out.Request))
@@ -144,12 +166,18 @@ stays at its recovery point, its attempts grow by one, and the next claim takes 
 over at once. Whoever held the lease is fenced out: its next write fails.
 
 A key whose lease is still valid may have a holder at work: release refuses it
-unless --force is given.`,
+unless --force is given.
+
+A parked key goes back in flight the same way: the next claim or the completer
+takes it over and applies the rules for a changed definition again (it parks
+again unless a version the running processes register may resume it, after a
+deploy with workflow.Versions, say). To choose the version yourself, use keys
+resume.`,
 		Args: args(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			return opts.onInFlight(cmd, recovery.Key{Tenant: a[0], ID: a[1]}, force, func(store *recovery.Store, rec *recovery.Record) error {
 				cause := "released by an operator: " + reason
-				if force {
+				if force && rec.Status == recovery.StatusInFlight {
 					return store.Release(cmd.Context(), rec.Fence(), cause)
 				}
 				return seam.StoreOf(store).ReleaseLeaseOver(cmd.Context(), rec.Fence(), cause)
@@ -169,10 +197,10 @@ func newKeysFail(opts *options) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "fail TENANT KEY",
 		Short: "Fail a key terminally: retries get a stored 500 and nothing runs again",
-		Long: `fail ends a key in flight for good: its retries get a stored 500 and nothing runs
-again. Whoever held the lease is fenced out: its next write fails. Steps that already
-committed stay committed: fail undoes nothing (an order created, a charge made), so
-settle their effects yourself if they must not stand.
+		Long: `fail ends a key in flight, or parked, for good: its retries get a stored 500 and
+nothing runs again. Whoever held the lease is fenced out: its next write fails. Steps
+that already committed stay committed: fail undoes nothing (an order created, a
+charge made), so settle their effects yourself if they must not stand.
 
 A key whose lease is still valid may have a holder at work: fail refuses it
 unless --force is given.`,
@@ -183,7 +211,7 @@ unless --force is given.`,
 				committed = rec.RecoveryPoint
 				resp := workflow.Problem(http.StatusInternalServerError, "the operation was stopped and will not be retried")
 				cause := "failed by an operator: " + reason
-				if force {
+				if force && rec.Status == recovery.StatusInFlight {
 					return store.Fail(cmd.Context(), rec.Fence(), resp, cause)
 				}
 				return seam.StoreOf(store).FailLeaseOver(cmd.Context(), rec.Fence(), resp, cause)
@@ -204,7 +232,9 @@ unless --force is given.`,
 // lease is valid by the database clock is left alone unless force: it is
 // refused here with the time left, and change, unless force, writes with
 // the lease's end in its statement's WHERE, so that a holder renewing
-// between this read and the write keeps the key (ErrLeaseLost).
+// between this read and the write keeps the key (ErrLeaseLost). A parked
+// key holds no lease: change writes to it with the operator's fence (the
+// key still parked) whether or not force is given.
 func (o *options) onInFlight(cmd *cobra.Command, key recovery.Key, force bool, change func(*recovery.Store, *recovery.Record) error, verb string) error {
 	ctx := cmd.Context()
 	store, db, err := o.store(cmd)
@@ -219,7 +249,7 @@ func (o *options) onInFlight(cmd *cobra.Command, key recovery.Key, force bool, c
 	if rec.Finished() {
 		return fmt.Errorf("key %q of tenant %q is %s: nothing to change", key.ID, key.Tenant, rec.Status)
 	}
-	if !force && !rec.Released {
+	if !force && !rec.Released && rec.Status != recovery.StatusParked {
 		var left time.Duration
 		if err := db.QueryRow(ctx, `SELECT $1::timestamptz - clock_timestamp()`, rec.LockedUntil).Scan(&left); err != nil {
 			return fmt.Errorf("read the database clock: %w", err)
@@ -262,6 +292,8 @@ type keyJSON struct {
 	Workflow      string          `json:"workflow"`
 	Status        string          `json:"status"`
 	RecoveryPoint string          `json:"recovery_point,omitempty"`
+	Definition    *definitionJSON `json:"definition,omitempty"`
+	ResumeAs      *definitionJSON `json:"resume_as,omitempty"`
 	Attempts      int             `json:"attempts"`
 	LastError     string          `json:"last_error,omitempty"`
 	LockedUntil   *time.Time      `json:"locked_until,omitempty"`
@@ -283,12 +315,58 @@ type responseJSON struct {
 	BodyBase64 string          `json:"body_base64,omitempty"` // for bodies that are not UTF-8
 }
 
-func toJSON(r *recovery.Record) keyJSON {
+// definitionJSON names a workflow definition: its fingerprint, and its
+// version when the definition is stored.
+type definitionJSON struct {
+	Fingerprint string `json:"fingerprint"`
+	Version     string `json:"version,omitempty"`
+}
+
+// String is "VERSION (fingerprint FP)"; "none" for a record that names no
+// definition (a middleware key, or one made before migration 0010).
+func (d *definitionJSON) String() string {
+	switch {
+	case d == nil:
+		return "none"
+	case d.Version == "":
+		return "unknown version (fingerprint " + d.Fingerprint + ", not stored)"
+	default:
+		return d.Version + " (fingerprint " + d.Fingerprint + ")"
+	}
+}
+
+// definitionVersions maps each stored definition of workflow ("" for
+// every workflow), by workflow and fingerprint (versionKey), to its
+// version.
+func definitionVersions(ctx context.Context, store *recovery.Store, workflow string) (map[string]string, error) {
+	defs, err := store.Definitions(ctx, workflow, "")
+	if err != nil {
+		return nil, err
+	}
+	versions := make(map[string]string, len(defs))
+	for _, d := range defs {
+		versions[versionKey(d.Workflow, d.Fingerprint)] = d.Version
+	}
+	return versions, nil
+}
+
+func versionKey(workflow, fingerprint string) string { return workflow + "\x00" + fingerprint }
+
+// toJSON is r as the --json output shows it, its definitions' versions
+// looked up in versions (definitionVersions).
+func toJSON(r *recovery.Record, versions map[string]string) keyJSON {
 	out := keyJSON{
 		Tenant: r.Key.Tenant, Key: r.Key.ID, ID: r.ID.String(), Workflow: r.Workflow, Status: string(r.Status),
 		RecoveryPoint: r.RecoveryPoint, Attempts: r.Attempts, LastError: r.LastError, Released: r.Released,
 		Request: r.Request, State: r.State, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 	}
+	definition := func(fingerprint string) *definitionJSON {
+		if fingerprint == "" {
+			return nil
+		}
+		return &definitionJSON{Fingerprint: fingerprint, Version: versions[versionKey(r.Workflow, fingerprint)]}
+	}
+	out.Definition, out.ResumeAs = definition(r.Definition), definition(r.ResumeAs)
 	if !r.LockedUntil.IsZero() {
 		out.LockedUntil = &r.LockedUntil
 	}
@@ -322,6 +400,8 @@ func lease(r *recovery.Record) string {
 	switch {
 	case r.Finished():
 		return "none (finished)"
+	case r.Status == recovery.StatusParked:
+		return "none (parked)"
 	case r.Released:
 		return "released"
 	default:

@@ -4,12 +4,14 @@
 //
 //	onceflow migrate up|down|status
 //	onceflow sweeper [--prune-every SPEC] [--retention D] [--metrics-addr ADDR]
-//	onceflow keys list|show|release|fail
+//	onceflow keys list|show|release|fail|resume
 //	onceflow outbox list|retry|dead
+//	onceflow workflows export|diff
 //
 // Every command takes --database-url (or ONCEFLOW_DATABASE_URL) and --schema.
 // Errors are one line on standard error and a non-zero exit code: 1 when
-// the command failed, 2 when it was called wrongly.
+// the command failed, 2 when it was called wrongly, and 3 when workflows
+// diff finds in-flight records that the current definitions would park.
 package main
 
 import (
@@ -48,8 +50,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	err = recovery.NotMigrated(cmp.Or(schema, dbschema.Default), err)
 	fmt.Fprintf(stderr, "onceflow: %s\n", printable(oneLine(err.Error())))
 	var usage usageError
-	if errors.As(err, &usage) || strings.HasPrefix(err.Error(), "unknown command") {
+	switch {
+	case errors.As(err, &usage) || strings.HasPrefix(err.Error(), "unknown command") ||
+		strings.HasPrefix(err.Error(), "required flag"):
 		return 2
+	case errors.Is(err, errWouldPark):
+		return wouldParkExitCode
 	}
 	return 1
 }

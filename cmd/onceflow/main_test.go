@@ -165,7 +165,7 @@ func TestKeys(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(ok(t, "keys", "list", "--json", "--tenant", "acme", "--status", "completed", db)), &listed))
 	require.Len(t, listed, 1)
 	require.Equal(t, "done", listed[0].Key)
-	fails(t, 2, "keys", "list", "--status", "sleeping", db)
+	require.Contains(t, fails(t, 2, "keys", "list", "--status", "sleeping", db), "--status must be in_flight, parked, completed or failed")
 
 	var shown struct {
 		Status   string
@@ -502,7 +502,8 @@ func TestHelpAndErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"--help"}, {"migrate", "--help"}, {"migrate", "up", "--help"}, {"migrate", "down", "--help"},
 		{"migrate", "status", "--help"}, {"sweeper", "--help"}, {"keys", "--help"}, {"keys", "list", "--help"},
-		{"keys", "show", "--help"}, {"keys", "release", "--help"}, {"keys", "fail", "--help"},
+		{"keys", "show", "--help"}, {"keys", "release", "--help"}, {"keys", "fail", "--help"}, {"keys", "resume", "--help"},
+		{"workflows", "--help"}, {"workflows", "export", "--help"}, {"workflows", "diff", "--help"},
 		{"outbox", "--help"}, {"outbox", "list", "--help"}, {"outbox", "retry", "--help"}, {"outbox", "dead", "--help"},
 	} {
 		out := ok(t, args...)
@@ -519,6 +520,7 @@ func TestHelpAndErrors(t *testing.T) {
 	fails(t, 2, "outbox", "retyr", "1")
 	fails(t, 2, "migrate", "upp")
 	require.Contains(t, fails(t, 2, "keys"), "needs a subcommand")
+	require.Contains(t, fails(t, 2, "workflows"), "needs a subcommand")
 	fails(t, 2, "keys", "list", "--limit", "-3", "--database-url=postgres://x@127.0.0.1:1/db")
 	fails(t, 2, "keys", "show", "only-one-arg", "--database-url=postgres://x@127.0.0.1:1/db")
 	require.Contains(t, fails(t, 1, "keys", "list", "--database-url=postgres://x@127.0.0.1:1/db"), "connect to the database")

@@ -29,8 +29,9 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "onceflow",
 		Short: "Operate onceflow: exactly-once effects on PostgreSQL",
 		Long: `onceflow operates the tables of the onceflow library: it migrates them, runs a
-sweeper that prunes finished keys and reports abandoned ones, and lets an
-operator inspect and unstick idempotency keys and outbox messages.`,
+sweeper that prunes finished keys and reports abandoned and parked ones, lets an
+operator inspect and unstick idempotency keys and outbox messages, and checks a
+deploy's workflow definitions against the ones in flight.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -48,7 +49,7 @@ operator inspect and unstick idempotency keys and outbox messages.`,
 	flags.StringVar(&opts.databaseURL, "database-url", "", "PostgreSQL URL (default: $"+pgcluster.URLEnv+")")
 	flags.StringVar(&opts.schema, "schema", "", `schema holding onceflow's tables (default "public")`)
 	flags.BoolVarP(&opts.verbose, "verbose", "v", false, "log what happens on standard error")
-	root.AddCommand(newMigrate(opts), newSweeper(opts), newKeys(opts), newOutbox(opts), newBench(opts))
+	root.AddCommand(newMigrate(opts), newSweeper(opts), newKeys(opts), newOutbox(opts), newWorkflows(opts), newBench(opts))
 	root.AddCommand(newDocs(root, opts))
 	return root
 }

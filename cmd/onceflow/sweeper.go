@@ -36,12 +36,13 @@ func newSweeper(opts *options) *cobra.Command {
 	var f sweeperFlags
 	cmd := &cobra.Command{
 		Use:   "sweeper",
-		Short: "Prune finished keys and report abandoned ones, until stopped",
+		Short: "Prune finished keys and report abandoned and parked ones, until stopped",
 		Long: `sweeper runs the maintenance that needs no workflow code: it prunes keys that
 finished longer ago than the retention (and delivered outbox messages, and consumers'
 records of processed messages that no redelivery can reach any more), and reports
 records in flight whose lease expired, which the binary holding their workflows must
-resume (its own sweeper.Completer does). Metrics and a health check are served on
+resume (its own sweeper.Completer does), and parked records, which wait for an
+operator (keys resume, release or fail). Metrics and a health check are served on
 --metrics-addr. SIGINT or SIGTERM stops it gracefully.
 
 Schedules are cron specs ("*/5 * * * *") or descriptors ("@every 1m", "@hourly").`,
@@ -51,7 +52,7 @@ Schedules are cron specs ("*/5 * * * *") or descriptors ("@every 1m", "@hourly")
 		RunE: func(cmd *cobra.Command, _ []string) error { return runSweeper(cmd.Context(), opts, f) },
 	}
 	cmd.Flags().StringVar(&f.pruneEvery, "prune-every", "@every 1m", "when to prune")
-	cmd.Flags().StringVar(&f.reportEvery, "report-every", "@every 30s", "when to report abandoned records and the oldest in flight")
+	cmd.Flags().StringVar(&f.reportEvery, "report-every", "@every 30s", "when to report abandoned and parked records and the oldest in flight")
 	cmd.Flags().DurationVar(&f.retention, "retention", sweeper.RetentionDefault, "keep finished keys this long")
 	cmd.Flags().DurationVar(&f.outboxRet, "outbox-retention", 0, "keep delivered outbox messages this long (default: --retention; -1ns keeps them)")
 	cmd.Flags().DurationVar(&f.processedRet, "processed-retention", 0,
@@ -81,7 +82,7 @@ func runSweeper(ctx context.Context, opts *options, f sweeperFlags) error {
 	var observer sweeper.Observer = m
 	var done *summary
 	if f.once {
-		done = &summary{Observer: m, pruned: map[string]int{}, abandoned: map[string]int{}}
+		done = &summary{Observer: m, pruned: map[string]int{}, abandoned: map[string]int{}, parked: map[string]int{}}
 		observer = done
 	}
 	pruner, err := sweeper.NewPruner(db, sweeper.PrunerConfig{Schema: opts.schema, Retention: f.retention,
@@ -153,6 +154,7 @@ type summary struct {
 	mu        sync.Mutex
 	pruned    map[string]int // rows per table
 	abandoned map[string]int // records per workflow
+	parked    map[string]int // records per workflow
 	oldest    time.Duration
 }
 
@@ -170,6 +172,13 @@ func (s *summary) Abandoned(workflow string, records int) {
 	s.abandoned[workflow] = records
 }
 
+func (s *summary) ParkedRecords(workflow string, records int) {
+	s.Observer.ParkedRecords(workflow, records)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.parked[workflow] = records
+}
+
 func (s *summary) OldestInFlight(age time.Duration) {
 	s.Observer.OldestInFlight(age)
 	s.mu.Lock()
@@ -177,13 +186,15 @@ func (s *summary) OldestInFlight(age time.Duration) {
 	s.oldest = age
 }
 
-// print writes three lines: what was pruned, the abandoned records that
-// another binary must resume, and the age of the oldest key in flight.
+// print writes four lines: what was pruned, the abandoned records that
+// another binary must resume, the parked records that wait for an
+// operator, and the age of the oldest key in flight.
 func (s *summary) print(w io.Writer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fmt.Fprintf(w, "pruned: %s\n", counts(s.pruned, "nothing"))
 	fmt.Fprintf(w, "abandoned (resume them where their workflows are defined): %s\n", counts(s.abandoned, "none"))
+	fmt.Fprintf(w, "parked (see onceflow keys list --status parked): %s\n", counts(s.parked, "none"))
 	oldest := "none in flight"
 	if s.oldest > 0 {
 		oldest = s.oldest.Round(time.Second).String()

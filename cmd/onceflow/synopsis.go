@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -59,7 +60,7 @@ func synopsis(root *cobra.Command) string {
 }
 
 // flagSynopsis is "[--name value]", "[--name]" for a switch, with the
-// short form first when there is one.
+// short form first when there is one; a required flag has no brackets.
 func flagSynopsis(f *pflag.Flag) string {
 	name := "--" + f.Name
 	if f.Shorthand != "" {
@@ -67,6 +68,9 @@ func flagSynopsis(f *pflag.Flag) string {
 	}
 	if value, _ := pflag.UnquoteUsage(f); value != "" && f.NoOptDefVal == "" {
 		name += " " + value
+	}
+	if slices.Contains(f.Annotations[cobra.BashCompOneRequiredFlag], "true") {
+		return name
 	}
 	return "[" + name + "]"
 }

@@ -24,10 +24,14 @@ import (
 )
 
 // binary is the checkout command, built once for the tests: the app and the
-// provider run as real processes.
-var binary string
+// provider run as real processes. onceflowBinary is the onceflow command,
+// for the tests of what an operator does next to the service.
+var binary, onceflowBinary string
 
-func TestMain(m *testing.M) { dbtest.MainWithCommand(m, "checkout", &binary) }
+func TestMain(m *testing.M) {
+	dbtest.MainWithBuilds(m, dbtest.Build{Pkg: ".", Name: "checkout", Path: &binary},
+		dbtest.Build{Pkg: "../../cmd/onceflow", Name: "onceflow", Path: &onceflowBinary})
+}
 
 // env is one test's database and payment provider process.
 type env struct {

@@ -6,6 +6,7 @@
 //	checkout demo                 the story, on a throwaway PostgreSQL
 //	checkout serve [flags]        the checkout API
 //	checkout provider [--addr]    the fake payment provider
+//	checkout workflows export     its workflow definitions, for onceflow workflows diff
 package main
 
 import (
@@ -102,6 +103,6 @@ and GET /charges, which lists every charge made.`,
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return demo(cmd.Context(), cmd.OutOrStdout()) },
 	}
-	root.AddCommand(serveCmd, providerCmd, demoCmd)
+	root.AddCommand(serveCmd, providerCmd, demoCmd, newWorkflowsCmd())
 	return root
 }

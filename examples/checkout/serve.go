@@ -92,7 +92,7 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 		return err
 	}
 	engine, err := workflow.NewEngine(db, workflow.Config{Lease: f.lease, DBTimeout: f.dbTimeout, Hooks: hooks,
-		Logger: logger, Workflows: []workflow.Definition{checkout}})
+		Logger: logger, Workflows: definitions(checkout)})
 	if err != nil {
 		return err
 	}

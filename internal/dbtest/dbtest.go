@@ -78,18 +78,34 @@ func MainWithCommand(m *testing.M, name string, path *string) {
 // pkg (relative to the test's package directory), for tests that run
 // another package's command.
 func MainWithBuild(m *testing.M, pkg, name string, path *string) {
-	dir, err := os.MkdirTemp("", name+"-test-")
+	MainWithBuilds(m, Build{Pkg: pkg, Name: name, Path: path})
+}
+
+// Build is a command MainWithBuilds builds: the one in package directory
+// Pkg (relative to the test's package directory), as Name, its executable's
+// path stored in *Path.
+type Build struct {
+	Pkg, Name string
+	Path      *string
+}
+
+// MainWithBuilds is MainWithBuild for several commands, for tests that run
+// them together (an application and the onceflow command, say).
+func MainWithBuilds(m *testing.M, builds ...Build) {
+	dir, err := os.MkdirTemp("", "onceflow-test-commands-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dbtest:", err)
 		os.Exit(1)
 	}
-	*path = filepath.Join(dir, name)
-	build := exec.Command("go", "build", "-o", *path, pkg)
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "dbtest: build %s: %v\n", name, err)
-		_ = os.RemoveAll(dir)
-		os.Exit(1)
+	for _, b := range builds {
+		*b.Path = filepath.Join(dir, b.Name)
+		build := exec.Command("go", "build", "-o", *b.Path, b.Pkg)
+		build.Stderr = os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "dbtest: build %s: %v\n", b.Name, err)
+			_ = os.RemoveAll(dir)
+			os.Exit(1)
+		}
 	}
 	code := run(m)
 	_ = os.RemoveAll(dir)
