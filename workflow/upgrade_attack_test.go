@@ -462,3 +462,75 @@ func endpoints(steps []string) map[string]string {
 	}
 	return m
 }
+
+// TestUpgradeAttackStateOnlyChangeSkipsUpgrader: version 2 changes only
+// the state's shape (charge_id becomes payment_id) and reads version 1's
+// states through UpgradeState, without an explicit version. Its steps are
+// version 1's; the state's shape is part of the fingerprint, so a record
+// version 1 left after the charge is upgraded, not resumed as the same
+// definition with the charge's id lost.
+func TestUpgradeAttackStateOnlyChangeSkipsUpgrader(t *testing.T) {
+	w := newWorld(t)
+	v1 := w.payFlow("", "create_order:A", "charge:F@charges", "hold:A", "record_charge:A")
+	w.crashIn(v1, func(e *workflow.Engine) error { _, err := v1.Run(w.ctx, e, acme, order); return err },
+		workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "hold"}, acme)
+
+	noop := func(context.Context, pgx.Tx, *phase.Run[Order, PaidV2]) error { return nil }
+	never := func(context.Context, *foreign.Call[Order, PaidV2]) error { return errBadState }
+	v2 := workflow.Define("pay", phase.Atomic("create_order", noop), foreign.Mutation("charge", never),
+		phase.Atomic("hold", noop), phase.Atomic("record_charge", noop)).
+		UpgradeState(func(old json.RawMessage) (PaidV2, error) {
+			var s Paid
+			err := json.Unmarshal(old, &s)
+			return PaidV2{OrderID: s.OrderID, PaymentID: s.ChargeID}, err
+		})
+	res, err := w.engine(workflow.Config{Workflows: []workflow.Definition{v2}}).Resume(w.ctx, acme)
+	require.NoError(t, err)
+	var s PaidV2
+	require.NoError(t, json.Unmarshal(res.Response.Body, &s))
+	require.NotEmpty(t, s.PaymentID, "the upgrader did not run: the charge's id is lost")
+}
+
+// PaidV2 is a state shape a later definition moved to: the charge's id is
+// now payment_id.
+type PaidV2 struct {
+	OrderID   int64  `json:"order_id"`
+	PaymentID string `json:"payment_id,omitempty"`
+}
+
+// TestUpgradeAttackRollingDeployNewStateShape: version 2 renamed a state
+// field and reads version 1's states through UpgradeState; its processes
+// register Versions(v1, v2). During the rolling deploy a version 1 process
+// is still running. A record version 2 made stops after its charge's id is
+// committed, and the version 1 process takes it over: the steps are the
+// same, but version 2 declared a change of the state's shape that version 1
+// cannot read, so version 1 parks the record rather than complete it
+// without the charge's id.
+func TestUpgradeAttackRollingDeployNewStateShape(t *testing.T) {
+	w := newWorld(t)
+	v1 := w.payFlow("1", "create_order:A", "charge:F@charges", "hold:A", "record_charge:A")
+	charge := func(ctx context.Context, c *foreign.Call[Order, PaidV2]) error {
+		id, err := testapp.Call(ctx, w.provider.URL, "charges", c.Key)
+		c.State.PaymentID = id
+		return err
+	}
+	noop := func(context.Context, pgx.Tx, *phase.Run[Order, PaidV2]) error { return nil }
+	v2 := workflow.Define("pay", phase.Atomic("create_order", noop), foreign.Mutation("charge", charge),
+		phase.Atomic("hold", noop), phase.Atomic("record_charge", noop)).Version("2").
+		UpgradeState(func(old json.RawMessage) (PaidV2, error) {
+			var s Paid
+			err := json.Unmarshal(old, &s)
+			return PaidV2{OrderID: s.OrderID, PaymentID: s.ChargeID}, err
+		})
+	w.crashIn(workflow.Versions(v1, v2), func(e *workflow.Engine) error { _, err := v2.Run(w.ctx, e, acme, order); return err },
+		workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "hold"}, acme)
+
+	res, err := w.engine(workflow.Config{Workflows: []workflow.Definition{v1}}).Resume(w.ctx, acme)
+	if err == nil {
+		var s Paid
+		require.NoError(t, json.Unmarshal(res.Response.Body, &s))
+		require.NotEmpty(t, s.ChargeID, "version 1 completed version 2's record without its charge")
+		return
+	}
+	require.ErrorIs(t, err, workflow.ErrParked)
+}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -42,6 +43,13 @@ type Spec struct {
 	// Removed lists steps earlier definitions had and this one dropped
 	// (Workflow.Changes with Removed).
 	Removed []string `json:"removed,omitempty"`
+	// State is a hash of the JSON shape of the definition's state type
+	// (its field names and their types), part of the fingerprint: a state
+	// whose shape changed makes another definition.
+	State string `json:"state,omitempty"`
+	// UpgradesState says the definition reads other definitions' states
+	// through a state upgrader (Workflow.UpgradeState).
+	UpgradesState bool `json:"upgrades_state,omitempty"`
 }
 
 // StepInfo describes one step of a definition.
@@ -126,6 +134,7 @@ func (w *Workflow[Req, State]) Changes(changes ...Change) *Workflow[Req, State] 
 // definition; the state it returns is committed before any step runs.
 func (w *Workflow[Req, State]) UpgradeState(fn func(old json.RawMessage) (State, error)) *Workflow[Req, State] {
 	w.upgradeState = fn
+	w.specOnce.Store(nil)
 	return w
 }
 
@@ -150,7 +159,8 @@ func (w *Workflow[Req, State]) spec() Spec {
 }
 
 func (w *Workflow[Req, State]) computeSpec() Spec {
-	s := Spec{Workflow: w.name, Steps: w.Steps(), Removed: slices.Clone(w.removed)}
+	s := Spec{Workflow: w.name, Steps: w.Steps(), Removed: slices.Clone(w.removed),
+		State: stateShape(reflect.TypeFor[State]()), UpgradesState: w.upgradeState != nil}
 	s.Renamed = maps.Clone(w.renamed)
 	h := sha256.New()
 	write := func(v string) {
@@ -171,6 +181,7 @@ func (w *Workflow[Req, State]) computeSpec() Spec {
 		write(st.Kind.String() + " keyed")
 		write(st.Key)
 	}
+	write("state " + s.State)
 	s.Fingerprint = hex.EncodeToString(h.Sum(nil)[:fingerprintLength])
 	s.Version = w.version
 	if s.Version == "" {
@@ -261,7 +272,11 @@ func (s Spec) renamedTo(name string) string {
 //   - the foreign step that may have started must derive its downstream
 //     keys from the same name in both;
 //   - whatever follows them may differ: steps added, removed or changed
-//     after them run as cur says.
+//     after them run as cur says;
+//   - a committed state whose writer changed the state's shape (it
+//     declares UpgradeState) is read only by a definition of the same
+//     shape or with an upgrader of its own: an older release meeting a
+//     newer release's record parks it instead of misreading it.
 func Resumable(old Spec, point string, cur Spec) (string, string) {
 	last := -1
 	if point != "" {
@@ -299,7 +314,11 @@ func Resumable(old Spec, point string, cur Spec) (string, string) {
 		}
 	}
 	if last < 0 {
-		return "", ""
+		return "", "" // no state committed yet
+	}
+	if old.State != "" && cur.State != "" && old.State != cur.State && old.UpgradesState && !cur.UpgradesState {
+		return "", fmt.Sprintf("version %s changed the state's shape (it declares UpgradeState), and version %s, whose state has another shape and no upgrader, cannot read it",
+			old.Version, cur.Version)
 	}
 	return cur.Steps[last].Name, ""
 }

@@ -119,3 +119,45 @@ func TestDiff(t *testing.T) {
 	gone := workflow.Diff([]workflow.Spec{v1}, nil)
 	require.Len(t, gone, 3)
 }
+
+// TestStateShapeIsPartOfTheDefinition: a state type whose JSON shape
+// changed (a field renamed, retyped or removed) makes another definition;
+// one whose Go field names changed but JSON did not, the same.
+func TestStateShapeIsPartOfTheDefinition(t *testing.T) {
+	type v1 struct {
+		OrderID  int64  `json:"order_id"`
+		ChargeID string `json:"charge_id"`
+	}
+	type sameJSON struct {
+		Order  int64  `json:"order_id"`
+		Charge string `json:"charge_id"`
+	}
+	type renamed struct {
+		OrderID   int64  `json:"order_id"`
+		PaymentID string `json:"payment_id"`
+	}
+	type retyped struct {
+		OrderID  string `json:"order_id"`
+		ChargeID string `json:"charge_id"`
+	}
+	type embedded struct {
+		sameJSON
+	}
+	step := func(name string) phase.Step[Order, v1] {
+		return phase.Atomic(name, func(context.Context, pgx.Tx, *phase.Run[Order, v1]) error { return nil })
+	}
+	shapeOf := func(def interface{ Spec() workflow.Spec }) workflow.Spec { return def.Spec() }
+	base := shapeOf(workflow.Define("s", step("a")))
+	require.NotEmpty(t, base.State)
+	noop := func(context.Context, pgx.Tx, *phase.Run[Order, sameJSON]) error { return nil }
+	require.Equal(t, base.State, shapeOf(workflow.Define("s", phase.Atomic("a", noop))).State)
+	require.Equal(t, base.State, shapeOf(workflow.Define("s", phase.Atomic("a",
+		func(context.Context, pgx.Tx, *phase.Run[Order, embedded]) error { return nil }))).State)
+	for _, other := range []workflow.Spec{
+		shapeOf(workflow.Define("s", phase.Atomic("a", func(context.Context, pgx.Tx, *phase.Run[Order, renamed]) error { return nil }))),
+		shapeOf(workflow.Define("s", phase.Atomic("a", func(context.Context, pgx.Tx, *phase.Run[Order, retyped]) error { return nil }))),
+	} {
+		require.NotEqual(t, base.State, other.State)
+		require.NotEqual(t, base.Fingerprint, other.Fingerprint)
+	}
+}
