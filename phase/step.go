@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -71,6 +72,9 @@ type Run[Req, State any] struct {
 	KeyStep string
 	// Attempt counts the attempts at this workflow, this one included.
 	Attempt int
+	// Lease is the engine's lease: a step waiting longer than a third of it
+	// between tries of a call had better Defer than hold the key idle.
+	Lease time.Duration
 	// Request is the workflow's request. Treat it as read-only.
 	Request Req
 	// State is the workflow state. Steps change it; it is committed as JSON

@@ -192,7 +192,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 		return replayed(rec), nil
 	}
 	a.rec, a.outcome = rec, outcome
-	a.run.Key, a.run.RecordID, a.run.Attempt = a.key, rec.ID, rec.Attempts+1
+	a.run.Key, a.run.RecordID, a.run.Attempt, a.run.Lease = a.key, rec.ID, rec.Attempts+1, a.e.lease
 	a.committed = rec.RecoveryPoint != ""
 	if a.fromRecord {
 		// What was taken over may not be what Resume loaded a moment ago.
