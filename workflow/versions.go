@@ -46,7 +46,7 @@ type Spec struct {
 	// State is a hash of the JSON shape of the definition's state type
 	// (its field names and their types), part of the fingerprint: a state
 	// whose shape changed makes another definition.
-	State string `json:"state,omitempty"`
+	State string `json:"state_shape,omitempty"`
 	// UpgradesState says the definition reads other definitions' states
 	// through a state upgrader (Workflow.UpgradeState).
 	UpgradesState bool `json:"upgrades_state,omitempty"`

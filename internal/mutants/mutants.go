@@ -155,11 +155,11 @@ var mutants = []Mutant{
 		Name:   "prune-in-flight",
 		Breaks: "the pruner goes by completed_at, not by status",
 		Edits: []Edit{{File: "sweeper/pruner.go",
-			Old: `    WHERE status <> 'in_flight' AND completed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
+			Old: `    WHERE status IN ('completed', 'failed') AND completed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
     ORDER BY completed_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-)) AND status <> 'in_flight'` + "`",
+)) AND status IN ('completed', 'failed')` + "`",
 			New: `    WHERE completed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
     ORDER BY completed_at
     LIMIT $2
@@ -252,8 +252,8 @@ var mutants = []Mutant{
 		Name:   "park-rule-skipped",
 		Breaks: "a changed definition resumes a record without comparing the steps up to its recovery point, so a step inserted before it does not park",
 		Edits: []Edit{{File: "workflow/versions.go",
-			Old: "if got := cur.Steps[i]; got.Name != name || got.Kind != st.Kind {",
-			New: "if got := cur.Steps[i]; false && (got.Name != name || got.Kind != st.Kind) {"}},
+			Old: "if !same || got.Kind != st.Kind {",
+			New: "if false && (!same || got.Kind != st.Kind) {"}},
 		Pkg: "./workflow", Run: "^TestUpgradeParksAStepInsertedBeforeTheRecoveryPoint$",
 	},
 	{
@@ -267,7 +267,7 @@ var mutants = []Mutant{
 		Name:   "renamed-key-from-new-name",
 		Breaks: "a step declared Renamed derives its downstream keys from its new name, so a call made under the old one is made again with another key",
 		Edits: []Edit{{File: "workflow/attempt.go",
-			Old: "a.run.KeyStep = a.w.keyStep(step.Name())", New: "a.run.KeyStep = step.Name()"}},
+			Old: "a.run.KeyStep = a.w.keyStep(a.next)", New: "a.run.KeyStep = step.Name()"}},
 		Pkg: "./workflow", Run: "^TestUpgradeRenamedForeignStepKeepsItsKey$",
 	},
 	{
