@@ -26,7 +26,19 @@ type StoredDefinition struct {
 // Definitions returns the stored definitions of workflow ("" for every
 // workflow) with fingerprint ("" for any), oldest first.
 func (s *Store) Definitions(ctx context.Context, workflow, fingerprint string) ([]StoredDefinition, error) {
-	rows, err := s.db.Query(ctx, s.sql.definitions, workflow, fingerprint)
+	return s.definitions(ctx, workflow, fingerprint, false)
+}
+
+// DefinitionsInUse returns the stored definitions of workflow ("" for
+// every workflow) that a record in flight or parked was written by, or is
+// to be resumed as: the ones a deploy must still be able to resume
+// (onceflow workflows export).
+func (s *Store) DefinitionsInUse(ctx context.Context, workflow string) ([]StoredDefinition, error) {
+	return s.definitions(ctx, workflow, "", true)
+}
+
+func (s *Store) definitions(ctx context.Context, workflow, fingerprint string, inUse bool) ([]StoredDefinition, error) {
+	rows, err := s.db.Query(ctx, s.sql.definitions, workflow, fingerprint, inUse)
 	if err != nil {
 		return nil, s.dbError("list definitions", err)
 	}

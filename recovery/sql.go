@@ -131,9 +131,12 @@ WHERE tenant_id = $1 AND key = $2 AND owner = $3 AND status = 'parked'`
 VALUES ($1, $2, $3, $4::json) ON CONFLICT (workflow, fingerprint) DO NOTHING`
 
 	// definitionsSQL lists stored definitions: $1 workflow ("" all), $2
-	// fingerprint ("" all).
-	definitionsSQL = `SELECT workflow, fingerprint, version, spec, created_at FROM {schema}.onceflow_definitions
+	// fingerprint ("" all), and when $3, only those a record in flight or
+	// parked was written by or is to be resumed as.
+	definitionsSQL = `SELECT workflow, fingerprint, version, spec, created_at FROM {schema}.onceflow_definitions d
 WHERE ($1 = '' OR workflow = $1) AND ($2 = '' OR fingerprint = $2)
+  AND (NOT $3 OR EXISTS (SELECT 1 FROM {keys} k WHERE k.workflow = d.workflow AND k.status IN ('in_flight', 'parked')
+                         AND (k.definition = d.fingerprint OR k.resume_as = d.fingerprint)))
 ORDER BY workflow, created_at, fingerprint`
 
 	deleteUnstartedSQL = `DELETE FROM {keys} WHERE ` + fence + ` AND recovery_point IS NULL`

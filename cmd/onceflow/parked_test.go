@@ -291,13 +291,23 @@ func TestWorkflowsExportAndDiff(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, v.engine(other).SaveDefinitions(v.ctx))
 
-	exported := ok(t, "workflows", "export", "--workflow", "checkout", v.db)
+	// Every record finished: no definition is needed by one in flight.
+	require.Equal(t, "[]\n", ok(t, "workflows", "export", v.db))
 	var specs []workflow.Spec
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "workflows", "export", "--all", v.db)), &specs))
+	require.Equal(t, []workflow.Spec{v.v1.Spec(), other.Spec()}, specs)
+	require.Equal(t, "[]\n", ok(t, "workflows", "export", "--all", "--workflow", "nope", v.db))
+	// A record in flight under version 1 (and a finished one under
+	// "refund") exports version 1 alone.
+	fp, canonical, err := recovery.FingerprintJSON("checkout", []byte("2"))
+	require.NoError(t, err)
+	_, _, err = v.store.Claim(v.ctx, recovery.ClaimParams{Key: workflow.Key{Tenant: "acme", ID: "in-flight"}, Workflow: "checkout",
+		Fingerprint: fp, Request: canonical, Definition: v.v1.Spec().Fingerprint})
+	require.NoError(t, err)
+	exported := ok(t, "workflows", "export", v.db)
 	require.NoError(t, json.Unmarshal([]byte(exported), &specs))
 	require.Equal(t, []workflow.Spec{v.v1.Spec()}, specs)
-	require.NoError(t, json.Unmarshal([]byte(ok(t, "workflows", "export", v.db)), &specs))
-	require.Equal(t, []workflow.Spec{v.v1.Spec(), other.Spec()}, specs)
-	require.Equal(t, "[]\n", ok(t, "workflows", "export", "--workflow", "nope", v.db))
+	require.Equal(t, exported, ok(t, "workflows", "export", "--workflow", "checkout", v.db))
 
 	dir := t.TempDir()
 	file := func(name string, specs ...workflow.Spec) string {

@@ -34,13 +34,19 @@ func newWorkflows(opts *options) *cobra.Command {
 }
 
 func newWorkflowsExport(opts *options) *cobra.Command {
-	var name string
+	var (
+		name string
+		all  bool
+	)
 	cmd := &cobra.Command{
 		Use:   "export",
-		Short: "Write the workflow definitions the database stores, as JSON",
-		Long: `export writes every workflow definition that has claimed a key in the database (a
-process stores its definitions when it first runs them), oldest first, as a JSON
-array: the previous release's side of workflows diff.`,
+		Short: "Write the workflow definitions records in flight still need, as JSON",
+		Long: `export writes the workflow definitions that records in flight or parked were written
+by (or are to be resumed as), oldest first, as a JSON array: the previous release's
+side of workflows diff. A definition with nothing left in flight is left out, so that
+a version dropped after its records finished fails no later deploy. With --all, it
+writes every definition the database stores (a process stores its definitions when
+it first runs them).`,
 		Example: `  onceflow workflows export > prev.json
   onceflow workflows diff <(onceflow workflows export) <(yourservice workflows export)`,
 		Args: args(cobra.NoArgs),
@@ -50,7 +56,10 @@ array: the previous release's side of workflows diff.`,
 				return err
 			}
 			defer db.Close()
-			defs, err := store.Definitions(cmd.Context(), name, "")
+			defs, err := store.DefinitionsInUse(cmd.Context(), name)
+			if all {
+				defs, err = store.Definitions(cmd.Context(), name, "")
+			}
 			if err != nil {
 				return err
 			}
@@ -64,6 +73,7 @@ array: the previous release's side of workflows diff.`,
 		},
 	}
 	cmd.Flags().StringVar(&name, "workflow", "", "only this workflow's definitions")
+	cmd.Flags().BoolVar(&all, "all", false, "every stored definition, also those no record in flight needs")
 	return cmd
 }
 
