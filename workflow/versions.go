@@ -34,7 +34,8 @@ type Spec struct {
 	// (Workflow.Version), or the first 12 hex digits of its fingerprint.
 	Version string `json:"version"`
 	// Fingerprint identifies the definition: a hash of its name, its
-	// explicit version, and its steps' names and kinds in order.
+	// explicit version, its steps' names and kinds in order (and a renamed
+	// step's first name), and its state's JSON shape.
 	Fingerprint string     `json:"fingerprint"`
 	Steps       []StepInfo `json:"steps"`
 	// Renamed maps a step's earlier name to its name in this definition

@@ -114,7 +114,11 @@ an unsafe deploy fails there. It exits 1 when it cannot read the files.`,
 				}
 			}
 			if len(findings) > 0 {
-				return fmt.Errorf("%w at %d recovery points: in-flight records there would wait for an operator after this deploy", errWouldPark, len(findings))
+				points := "recovery points"
+				if len(findings) == 1 {
+					points = "recovery point"
+				}
+				return fmt.Errorf("%w at %d %s: in-flight records there would wait for an operator after this deploy", errWouldPark, len(findings), points)
 			}
 			if !asJSON {
 				fmt.Fprintln(opts.stdout, "nothing would park: every in-flight record of the previous definitions resumes under the current ones")
