@@ -11,7 +11,7 @@ var mutants = []Mutant{
 	{
 		Name:   "claim-not-atomic",
 		Breaks: "a takeover's write does not check the rule again, so a claim that read the key absent takes over the concurrent first claim",
-		Edits: []Edit{{File: "migrations/sql/0009_takeover_function.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0011_not_before.up.sql",
 			Old: `    WHERE k.tenant_id = p_tenant AND k.key = p_key
       AND {schema}.onceflow_may_take_over(k, p_workflow, p_hash, p_principal)`,
 			New: `    WHERE k.tenant_id = p_tenant AND k.key = p_key`}},
@@ -108,8 +108,8 @@ var mutants = []Mutant{
 		Name:   "retry-after-app-clock",
 		Breaks: "Retry-After is measured on the application's clock, not the database's",
 		Edits: []Edit{{File: "recovery/claim.go",
-			Old: "return max(rec.LockedUntil.Sub(dbNow), time.Second)",
-			New: "return max(time.Until(rec.LockedUntil), time.Second)"}},
+			Old: "return max(rec.LockedUntil.Sub(dbNow), rec.NotBefore.Sub(dbNow), time.Second)",
+			New: "return max(time.Until(rec.LockedUntil), rec.NotBefore.Sub(dbNow), time.Second)"}},
 		Pkg: "./workflow", Run: "^TestSkewedClockDoesNotTakeOverAValidLease$",
 	},
 	{
@@ -146,7 +146,7 @@ var mutants = []Mutant{
 	{
 		Name:   "takeover-ignores-lease",
 		Breaks: "a takeover does not wait for the lease to end",
-		Edits: []Edit{{File: "migrations/sql/0009_takeover_function.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0011_not_before.up.sql",
 			Old: "k.status = 'in_flight' AND k.locked_until < clock_timestamp() AND k.workflow = p_workflow",
 			New: "k.status = 'in_flight' AND k.workflow = p_workflow"}},
 		Pkg: "./sweeper", Run: "^TestTwoSweepersCompleteEachRecordOnce$",
