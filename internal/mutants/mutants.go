@@ -152,6 +152,20 @@ var mutants = []Mutant{
 		Pkg: "./sweeper", Run: "^TestTwoSweepersCompleteEachRecordOnce$",
 	},
 	{
+		Name:   "permanent-not-terminal",
+		Breaks: "a step's permanent error is retried like any other until MaxAttempts, instead of failing the key at once",
+		Edits: []Edit{{File: "workflow/attempt.go",
+			Old: "\tcase permanent:\n\t\treturn a.failTerminally(", New: "\tcase false && permanent:\n\t\treturn a.failTerminally("}},
+		Pkg: "./workflow", Run: "^TestPermanentErrorFailsAtOnce$",
+	},
+	{
+		Name:   "defer-ignored-by-claim",
+		Breaks: "the takeover rule ignores a deferred record's not_before, so a retry runs the step again before the other system's Retry-After",
+		Edits: []Edit{{File: "migrations/sql/0011_not_before.up.sql",
+			Old: "       AND (k.not_before IS NULL OR k.not_before <= clock_timestamp())\n", New: ""}},
+		Pkg: "./workflow", Run: "^TestDeferredKeyWaitsUntilNotBefore$",
+	},
+	{
 		Name:   "prune-in-flight",
 		Breaks: "the pruner goes by completed_at, not by status",
 		Edits: []Edit{{File: "sweeper/pruner.go",
