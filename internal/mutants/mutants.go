@@ -166,6 +166,13 @@ var mutants = []Mutant{
 		Pkg: "./workflow", Run: "^TestDeferredKeyWaitsUntilNotBefore$",
 	},
 	{
+		Name:   "completer-ignores-deferral",
+		Breaks: "the completer counts a deferred record due before its not_before, and spends its batch on takeovers the rule refuses",
+		Edits: []Edit{{File: "sweeper/completer.go",
+			Old: ",\n                   not_before) AS due_at", New: ") AS due_at"}},
+		Pkg: "./sweeper", Run: "^TestCompleterWaitsForADeferral$",
+	},
+	{
 		Name:   "prune-in-flight",
 		Breaks: "the pruner goes by completed_at, not by status",
 		Edits: []Edit{{File: "sweeper/pruner.go",
