@@ -364,6 +364,9 @@ var forbidden = &problem{status: http.StatusForbidden, detail: "this Idempotency
 func (c *core) claimProblem(r *http.Request, err error) *problem {
 	var inFlight *recovery.InFlightError
 	switch {
+	case errors.As(err, &inFlight) && inFlight.Deferred:
+		return &problem{status: http.StatusConflict, retryAfter: inFlight.RetryAfter,
+			detail: "the request with this Idempotency-Key waits for another system, which asked for time; retry after Retry-After"}
 	case errors.As(err, &inFlight):
 		return &problem{status: http.StatusConflict, retryAfter: inFlight.RetryAfter,
 			detail: "a request with this Idempotency-Key is still in progress; retry shortly"}

@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -146,15 +147,23 @@ func decode(body []byte, req any) *problem {
 	return nil
 }
 
-// runFailed answers a run that returned an error.
+// runFailed answers a run that returned an error. A step that deferred the
+// request (phase.Defer) is 503 with Retry-After: the deferral, which the
+// key now waits out.
 func (c *core) runFailed(w http.ResponseWriter, r *http.Request, err error) {
-	var stepErr *workflow.StepError
+	var (
+		stepErr  *workflow.StepError
+		deferred *phase.DeferError
+	)
 	switch {
 	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
 		return // the client is gone; the work stays resumable
 	case errors.Is(err, workflow.ErrLeaseLost):
 		writeProblem(w, &problem{status: http.StatusConflict, retryAfter: time.Second,
 			detail: "another attempt took this request over; retry to get its answer"})
+	case errors.As(err, &stepErr) && errors.As(err, &deferred):
+		writeProblem(w, &problem{status: http.StatusServiceUnavailable, retryAfter: min(deferred.After, recovery.MaxDefer),
+			detail: "the request waits for another system, which asked for time; it is kept and resumed then: retry with the same key after Retry-After"})
 	case errors.As(err, &stepErr):
 		writeProblem(w, &problem{status: http.StatusInternalServerError,
 			detail: "the request failed part-way; retry with the same key to resume it"})

@@ -6,9 +6,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -39,8 +41,9 @@ type Paid struct {
 
 type workflowServer struct {
 	*server
-	failCharge atomic.Int32 // the charge fails this many more times
-	block      chan gate
+	failCharge  atomic.Int32 // the charge fails this many more times
+	deferCharge atomic.Int64 // when set, the next charge defers for this long (a time.Duration)
+	block       chan gate
 }
 
 // gate holds a charge: it closes entered, then waits for release.
@@ -73,6 +76,9 @@ func newWorkflowServerWith(t *testing.T, cfg idemhttp.WorkflowConfig) *workflowS
 			}
 			if s.failCharge.Add(-1) >= 0 {
 				return errors.New("provider timeout")
+			}
+			if after := time.Duration(s.deferCharge.Swap(0)); after != 0 {
+				return phase.Defer(after, errors.New("provider answered 429"))
 			}
 			c.State.Charge = c.Key[:12]
 			return nil
@@ -152,6 +158,38 @@ func TestWorkflowHandlerInFlight(t *testing.T) {
 	require.NotEmpty(t, r.header.Get("Retry-After"))
 	close(g.release)
 	require.Equal(t, http.StatusCreated, (<-done).status)
+}
+
+// TestWorkflowHandlerDeferredKey: a charge that defers answers 503 with
+// Retry-After: the deferral; a retry before it is over gets 409 with
+// Retry-After: the time left (the deferral, less at most the time since it
+// was made) and runs nothing; once it is over, a retry finishes the work.
+func TestWorkflowHandlerDeferredKey(t *testing.T) {
+	s := newWorkflowServer(t)
+	const after = 120 * time.Second
+	s.deferCharge.Store(int64(after))
+	start := time.Now()
+	first := s.post("/v1/charges", "k1", "acme", `{"amount_cents": 500}`)
+	require.Equal(t, http.StatusServiceUnavailable, first.status, first.body)
+	require.Equal(t, "120", first.header.Get("Retry-After"))
+	require.Contains(t, problemOf(t, first), "retry with the same key after Retry-After")
+
+	retry := s.post("/v1/charges", "k1", "acme", `{"amount_cents": 500}`)
+	elapsed := time.Since(start)
+	require.Equal(t, http.StatusConflict, retry.status, retry.body)
+	seconds, err := strconv.Atoi(retry.header.Get("Retry-After"))
+	require.NoError(t, err)
+	// Retry-After is the time left rounded up to a second.
+	require.LessOrEqual(t, seconds, int(after/time.Second))
+	require.GreaterOrEqual(t, float64(seconds), (after - elapsed).Seconds())
+	require.Contains(t, problemOf(t, retry), "waits for another system")
+	require.EqualValues(t, 1, s.runs.Load(), "the retry ran nothing")
+
+	_, err = s.db.Exec(context.Background(), `UPDATE onceflow_keys SET not_before = clock_timestamp() - interval '1 millisecond'`)
+	require.NoError(t, err)
+	done := s.post("/v1/charges", "k1", "acme", `{"amount_cents": 500}`)
+	require.Equal(t, http.StatusCreated, done.status, done.body)
+	require.EqualValues(t, 2, s.runs.Load())
 }
 
 func TestWorkflowHandlerNeedsKeyAndTenant(t *testing.T) {

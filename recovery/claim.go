@@ -192,7 +192,7 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pg
 		case rec.Status == StatusParked:
 			return nil, 0, &ParkedError{Key: p.Key, Reason: rec.LastError}
 		default:
-			return nil, 0, &InFlightError{Key: p.Key, RetryAfter: retryAfter(rec, dbNow)}
+			return nil, 0, inFlight(p.Key, rec, dbNow)
 		}
 	}
 	return nil, 0, &InFlightError{Key: p.Key, RetryAfter: time.Second}
@@ -233,7 +233,7 @@ func (s *Store) takeover(ctx context.Context, k Key, workflow string) (*Record, 
 	case rec.Status == StatusParked:
 		return nil, 0, &ParkedError{Key: k, Reason: rec.LastError}
 	default:
-		return nil, 0, &InFlightError{Key: k, RetryAfter: retryAfter(rec, dbNow)}
+		return nil, 0, inFlight(k, rec, dbNow)
 	}
 }
 
@@ -278,11 +278,19 @@ func isLockTimeout(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable
 }
 
-// retryAfter is how long until rec's lease ends by the database clock, at
-// least a second: a claim that read an expired lease lost the takeover to a
-// concurrent one, which now holds a fresh lease.
+// inFlight is the ErrInFlight of a claim or takeover that found rec held,
+// or deferred, at dbNow by the database clock.
+func inFlight(k Key, rec *Record, dbNow time.Time) *InFlightError {
+	return &InFlightError{Key: k, RetryAfter: retryAfter(rec, dbNow), Deferred: rec.NotBefore.After(dbNow)}
+}
+
+// retryAfter is how long until rec may be taken over by the database
+// clock: until its lease ends, or, for a deferred record (whose released
+// lease ended at -infinity), until its NotBefore. At least a second: a
+// claim that read an expired lease lost the takeover to a concurrent one,
+// which now holds a fresh lease.
 func retryAfter(rec *Record, dbNow time.Time) time.Duration {
-	return max(rec.LockedUntil.Sub(dbNow), time.Second)
+	return max(rec.LockedUntil.Sub(dbNow), rec.NotBefore.Sub(dbNow), time.Second)
 }
 
 // leaseMicros returns a lease in microseconds, def for 0.

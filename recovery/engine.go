@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"time"
 
 	"github.com/onceflow/onceflow/internal/seam/hooks"
 )
@@ -37,6 +38,10 @@ func (e *engineStore) CompleteAfter(ctx context.Context, f Fence, recoveryPoint 
 
 func (e *engineStore) HandBack(ctx context.Context, f Fence, cause string) error {
 	return e.store().handBack(ctx, f, cause)
+}
+
+func (e *engineStore) HandBackFor(ctx context.Context, f Fence, after time.Duration, cause string) (time.Time, error) {
+	return e.store().handBackFor(ctx, f, after, cause)
 }
 
 func (e *engineStore) ReleaseLeaseOver(ctx context.Context, f Fence, cause string) error {

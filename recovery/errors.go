@@ -51,10 +51,14 @@ var (
 )
 
 // InFlightError is the ErrInFlight a claim returns, with the time until the
-// current lease expires by the database clock.
+// current lease expires, or the record's deferral ends, by the database
+// clock.
 type InFlightError struct {
 	Key        Key
 	RetryAfter time.Duration
+	// Deferred says the record holds no lease but its last attempt deferred
+	// it (Record.NotBefore): RetryAfter is the time until the deferral ends.
+	Deferred bool
 	// Contended says the claim gave up waiting for a row lock (migration
 	// 0006's lock_timeout) instead of reading a valid lease: usually a
 	// concurrent first claim whose first phase still runs, but on an
@@ -62,9 +66,14 @@ type InFlightError struct {
 	Contended bool
 }
 
-// Error says which key is in flight and when its lease ends.
+// Error says which key is in flight and when its lease, or its deferral,
+// ends.
 func (e *InFlightError) Error() string {
-	return fmt.Sprintf("%v (tenant %q, key %q; lease ends in %s)", ErrInFlight, e.Key.Tenant, e.Key.ID, e.RetryAfter.Round(time.Millisecond))
+	until := "lease ends"
+	if e.Deferred {
+		until = "deferred; it may be resumed"
+	}
+	return fmt.Sprintf("%v (tenant %q, key %q; %s in %s)", ErrInFlight, e.Key.Tenant, e.Key.ID, until, e.RetryAfter.Round(time.Millisecond))
 }
 
 // Is makes errors.Is(err, ErrInFlight) true.

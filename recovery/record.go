@@ -61,8 +61,14 @@ type Record struct {
 	// record is finished or its lease was released (see Released).
 	LockedUntil time.Time
 	// Released reports an in-flight record whose last attempt handed its
-	// lease back: any claim may take it over at once.
+	// lease back: any claim may take it over at once, unless NotBefore is
+	// still ahead.
 	Released bool
+	// NotBefore is the time, by the database clock, before which no claim,
+	// Resume or completer takes the record over: its last attempt deferred
+	// it (a step returned a *phase.DeferError). Zero when the record is not
+	// deferred; the takeover that follows clears it (migration 0011).
+	NotBefore time.Time
 	// Attempts counts attempts that ended without finishing: each Release,
 	// and each takeover of a lease that expired because its holder stopped.
 	Attempts  int
@@ -106,7 +112,7 @@ type Response struct {
 // in the order scanRecord reads them.
 const recordColumns = `tenant_id, key, id, workflow, request_hash, request, owner, status,
 	recovery_point, state, locked_until, attempts, last_error,
-	response_status, response_body, response_header, created_at, updated_at, completed_at, definition, resume_as`
+	response_status, response_body, response_header, created_at, updated_at, completed_at, definition, resume_as, not_before`
 
 // scanRecord reads recordColumns, then extra columns into extra.
 func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
@@ -123,11 +129,12 @@ func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
 		completedAt    pgtype.Timestamptz
 		definition     pgtype.Text
 		resumeAs       pgtype.Text
+		notBefore      pgtype.Timestamptz
 	)
 	dest := append([]any{
 		&r.Key.Tenant, &r.Key.ID, &r.ID, &r.Workflow, &hash, &r.Request, &r.Owner, &status,
 		&recoveryPoint, &r.State, &lockedUntil, &r.Attempts, &lastError,
-		&responseStatus, &responseBody, &responseHeader, &r.CreatedAt, &r.UpdatedAt, &completedAt, &definition, &resumeAs,
+		&responseStatus, &responseBody, &responseHeader, &r.CreatedAt, &r.UpdatedAt, &completedAt, &definition, &resumeAs, &notBefore,
 	}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return nil, err
@@ -144,6 +151,9 @@ func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
 	}
 	if completedAt.Valid {
 		r.CompletedAt = completedAt.Time
+	}
+	if notBefore.Valid && notBefore.InfinityModifier == pgtype.Finite {
+		r.NotBefore = notBefore.Time
 	}
 	if responseStatus.Valid {
 		resp := &Response{Status: int(responseStatus.Int32), Body: responseBody}

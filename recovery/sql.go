@@ -74,7 +74,7 @@ WHERE ` + fence
 	// finishSQL completes or fails a record: $4 status, $5 response status,
 	// $6 body, $7 header, $8 last error, $9 recovery point, $10 state (NULL
 	// keeps the old value of each of the last three).
-	finishSQL = `UPDATE {keys} SET status = $4, locked_until = NULL,
+	finishSQL = `UPDATE {keys} SET status = $4, locked_until = NULL, not_before = NULL,
     response_status = $5, response_body = $6, response_header = $7::jsonb,
     last_error = coalesce($8, last_error),
     recovery_point = coalesce($9, recovery_point), state = coalesce($10::json, state),
@@ -82,14 +82,25 @@ WHERE ` + fence
 WHERE ` + fence
 
 	// releaseSQL sets the status too: an operator's release of a parked
-	// record puts it back in flight.
+	// record puts it back in flight, and of a deferred one ends its
+	// deferral, so that a retry or the completer takes it over at once.
 	releaseSQL = `UPDATE {keys} SET status = 'in_flight', locked_until = '-infinity', owner = gen_random_uuid(),
-    attempts = attempts + 1, last_error = $4, updated_at = clock_timestamp()
+    not_before = NULL, attempts = attempts + 1, last_error = $4, updated_at = clock_timestamp()
 WHERE ` + fence
 
 	handBackSQL = `UPDATE {keys} SET locked_until = '-infinity', owner = gen_random_uuid(),
     last_error = $4, updated_at = clock_timestamp()
 WHERE ` + fence
+
+	// handBackForSQL hands the lease back like handBackSQL and defers the
+	// record: no takeover before $5 microseconds from now by the database
+	// clock (see onceflow_may_take_over, migration 0011). It returns that
+	// time.
+	handBackForSQL = `UPDATE {keys} SET locked_until = '-infinity', owner = gen_random_uuid(),
+    not_before = clock_timestamp() + $5::bigint * interval '1 microsecond',
+    last_error = $4, updated_at = clock_timestamp()
+WHERE ` + fence + `
+RETURNING not_before`
 
 	// renewSQL extends the lease only: a renewal is not progress, so
 	// updated_at (what "stuck for" measures) stays.
@@ -161,7 +172,7 @@ WHERE tenant_id = $1 AND key = $2 AND status = 'in_flight'`
 type queries struct {
 	claim, takeover, load, list, advance, finish, release, handBack, renew, deleteUnstarted, expire string
 	advanceOrFail, finishOrFail                                                                     string
-	releaseLeaseOver, finishLeaseOver                                                               string
+	releaseLeaseOver, finishLeaseOver, handBackFor                                                  string
 	park, restamp, unpark, saveDefinition, definitions                                              string
 }
 
@@ -181,6 +192,7 @@ func newQueries(schema string) *queries {
 		finish:          expand(finishSQL),
 		release:         expand(releaseSQL),
 		handBack:        expand(handBackSQL),
+		handBackFor:     expand(handBackForSQL),
 		renew:           expand(renewSQL),
 		deleteUnstarted: expand(deleteUnstartedSQL),
 

@@ -22,6 +22,13 @@ const LeaseDefault = 30 * time.Second
 // are cut.
 const MaxErrorLength = 4096
 
+// MaxDefer is the longest a deferral holds a key back (a step's
+// phase.DeferError): a longer one is cut to it, and a negative one counts
+// as none. A day outlasts any Retry-After worth honouring, while a
+// mistaken one (seconds read as milliseconds, a date a year out) cannot
+// hide a key for longer; the record shows the time in NotBefore.
+const MaxDefer = 24 * time.Hour
+
 // DefaultResponseHeaders are the response headers stored and replayed when
 // Config.ResponseHeaders is nil: those that say what the response is and
 // how to treat it. Headers that belong to one connection or one client

@@ -135,6 +135,25 @@ func (s *Store) handBack(ctx context.Context, f Fence, cause string) error {
 	return s.fenced("hand back", f, tag, err)
 }
 
+// handBackFor hands the lease back like handBack, without counting an
+// attempt, and defers the record: no claim, Resume or completer takes it
+// over until after (at most MaxDefer) has passed by the database clock. A
+// claim meanwhile gets an *InFlightError with the time left. It returns
+// that time (Record.NotBefore).
+func (s *Store) handBackFor(ctx context.Context, f Fence, after time.Duration, cause string) (time.Time, error) {
+	after = min(max(after, 0), MaxDefer)
+	var notBefore time.Time
+	err := s.db.QueryRow(ctx, s.sql.handBackFor, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause), after.Microseconds()).
+		Scan(&notBefore)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, lostLease("defer", f)
+	}
+	if err != nil {
+		return time.Time{}, s.dbError("defer key", err)
+	}
+	return notBefore, nil
+}
+
 // stored returns resp as Complete and Fail store it, and as every replay
 // returns it: allow-listed headers only, a nil body as an empty one.
 func (s *Store) stored(resp Response) Response {

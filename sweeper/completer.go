@@ -93,7 +93,9 @@ func (cfg CompleterConfig) validate() error {
 // zero, a Warn log.
 //
 // A record is due when its backoff has passed and its lease has ended:
-// run out (its process stopped) or handed back (its attempt failed). Each
+// run out (its process stopped) or handed back (its attempt failed), and,
+// when its last attempt deferred it (recovery.Record.NotBefore), once that
+// time has come. Each
 // run resumes at most BatchSize due records, in turns across tenants: the
 // longest-due record of every tenant, then the second of every tenant, and
 // so on; within a turn, the longest-due first. So records that keep
@@ -156,11 +158,13 @@ func NewCompleter(db DBTX, engine *workflow.Engine, cfg CompleterConfig) (*Compl
 func (c *Completer) Name() string { return "completer" }
 
 // dueSQL picks the batch of records of known workflows to resume, fairly
-// (see Completer). A record is due at the later of the end of its lease
-// ('-infinity' for a lease handed back) and its last update plus the
-// backoff (the doubling stops at 2^30, far past any cap). It ranks the due
-// records within each tenant by due time, and takes the first of every
-// tenant before the second of any, each rank in due order. Ranking reads
+// (see Completer). A record is due at the latest of the end of its lease
+// ('-infinity' for a lease handed back), its last update plus the backoff
+// (the doubling stops at 2^30, far past any cap) and its deferral
+// (not_before; greatest skips it when NULL, and the takeover would refuse
+// a record before it anyway). It ranks the due records within each tenant
+// by due time, and takes the first of every tenant before the second of
+// any, each rank in due order. Ranking reads
 // every due record in flight: the partial index onceflow_keys_in_flight_idx
 // keeps that to the records in flight, not the table. $1 workflows, $2
 // backoff base and $3 backoff cap in microseconds, $4 limit.
@@ -170,7 +174,8 @@ SELECT tenant_id, key, workflow FROM (
            row_number() OVER (PARTITION BY tenant_id ORDER BY due_at, key) AS turn
     FROM (
         SELECT tenant_id, key, workflow, greatest(locked_until, updated_at
-                   + least($2::bigint * power(2, least(attempts, 30)), $3::bigint) * interval '1 microsecond') AS due_at
+                   + least($2::bigint * power(2, least(attempts, 30)), $3::bigint) * interval '1 microsecond',
+                   not_before) AS due_at
         FROM {schema}.onceflow_keys
         WHERE status = 'in_flight' AND locked_until < clock_timestamp() AND workflow = ANY($1)
     ) expired

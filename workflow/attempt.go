@@ -573,14 +573,20 @@ func (a *attempt[Req, State]) rejectable() bool {
 // failed handles a step's error: roll back, then hand the lease back so a
 // retry can take over at once. A failure counts as an attempt, and the
 // MaxAttempts-th fails the key terminally; a caller that went away does
-// not count. A lost lease releases nothing: the key is someone else's.
+// not count. An error marked phase.Permanent fails the key terminally at
+// once; a *phase.DeferError hands the lease back without counting, and no
+// takeover may follow before its After has passed. A lost lease releases
+// nothing: the key is someone else's.
 func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause error) (*Result, error) {
 	a.rollback()
 	stepErr := &StepError{Workflow: a.w.name, Step: step, Attempt: a.run.Attempt, Err: cause}
 	var (
 		panicErr *phase.PanicError
 		lost     *lostLease
+		deferred *phase.DeferError
 	)
+	permanent := phase.IsPermanent(cause) // wins over a deferral it wraps
+	isDeferred := !permanent && errors.As(cause, &deferred)
 	switch {
 	case errors.As(cause, &lost):
 		a.e.observeLeaseLost(a.w.name)
@@ -589,6 +595,8 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 	case errors.As(cause, &panicErr):
 		a.e.logger.ErrorContext(ctx, "workflow step panicked",
 			a.logAttrs(step, slog.Any("panic", panicErr.Value), slog.String("stack", string(panicErr.Stack)))...)
+	case permanent, isDeferred:
+		// Logged below, once the record says what happens next.
 	case ctx.Err() != nil:
 		a.e.logger.InfoContext(ctx, "caller went away; the work stays resumable", a.logAttrs(step)...)
 	default:
@@ -602,8 +610,12 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 	}
 	var err error
 	switch {
+	case permanent:
+		return a.failTerminally(cleanupCtx, rec.Fence(), rec.Attempts+1, cause)
 	case a.wentAway(ctx):
 		err = seam.StoreOf(a.e.store).HandBack(cleanupCtx, rec.Fence(), stepErr.Error())
+	case isDeferred:
+		err = a.deferKey(ctx, cleanupCtx, rec, step, deferred, stepErr)
 	case a.e.maxAttempts > 0 && rec.Attempts+1 >= a.e.maxAttempts:
 		return a.failTerminally(cleanupCtx, rec.Fence(), rec.Attempts+1, cause)
 	default:
@@ -613,6 +625,19 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 		a.e.logger.WarnContext(ctx, "could not hand the lease back", a.logAttrs(step, slog.Any("error", err))...)
 	}
 	return nil, stepErr
+}
+
+// deferKey hands rec's lease back without counting an attempt, deferred
+// as d asks (at most recovery.MaxDefer): no claim, Resume or completer
+// takes the record over before then.
+func (a *attempt[Req, State]) deferKey(ctx, cleanupCtx context.Context, rec *recovery.Record, step string,
+	d *phase.DeferError, stepErr *StepError) error {
+	notBefore, err := seam.StoreOf(a.e.store).HandBackFor(cleanupCtx, rec.Fence(), d.After, stepErr.Error())
+	if err == nil {
+		a.e.logger.InfoContext(ctx, "workflow step deferred; the key is handed back until then",
+			a.logAttrs(step, slog.Time("not_before", notBefore), slog.Any("error", d.Err))...)
+	}
+	return err
 }
 
 // wentAway reports an attempt that stopped because its caller cancelled it
@@ -644,10 +669,18 @@ func (a *attempt[Req, State]) recordAfterRollback(ctx context.Context, reclaim b
 }
 
 // failTerminally stores a 500 for the key, in the open transaction if any,
-// and returns it.
+// and returns it: after attempts attempts, or at once when cause is
+// permanent (phase.Permanent).
 func (a *attempt[Req, State]) failTerminally(ctx context.Context, fence recovery.Fence, attempts int, cause error) (*Result, error) {
-	resp := Problem(500, fmt.Sprintf("%s failed after %d attempts and will not be retried", a.w.name, attempts))
-	if err := a.store().Fail(ctx, fence, resp, fmt.Sprintf("after %d attempts: %v", attempts, cause)); err != nil {
+	permanent := phase.IsPermanent(cause)
+	detail, lastError, msg := fmt.Sprintf("%s failed after %d attempts and will not be retried", a.w.name, attempts),
+		fmt.Sprintf("after %d attempts: %v", attempts, cause), "workflow failed terminally"
+	if permanent {
+		detail, lastError, msg = fmt.Sprintf("%s failed with an error no retry can fix and will not be retried", a.w.name),
+			fmt.Sprintf("at attempt %d: %v", attempts, cause), "workflow failed terminally: the step's error is permanent"
+	}
+	resp := Problem(500, detail)
+	if err := a.store().Fail(ctx, fence, resp, lastError); err != nil {
 		a.rollback()
 		return nil, &StepError{Workflow: a.w.name, Attempt: attempts, Err: fmt.Errorf("fail terminally: %w", err)}
 	}
@@ -656,7 +689,8 @@ func (a *attempt[Req, State]) failTerminally(ctx context.Context, fence recovery
 			return nil, &StepError{Workflow: a.w.name, Attempt: attempts, Err: err}
 		}
 	}
-	a.e.logger.ErrorContext(ctx, "workflow failed terminally", a.logAttrs("", slog.Int("attempts", attempts), slog.Any("error", cause))...)
+	a.e.logger.ErrorContext(ctx, msg,
+		a.logAttrs("", slog.Int("attempts", attempts), slog.Bool("permanent", permanent), slog.Any("error", cause))...)
 	return &Result{Response: seam.StoreOf(a.e.store).Stored(resp), Outcome: a.outcome, Failed: true}, nil
 }
 

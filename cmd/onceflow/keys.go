@@ -97,7 +97,9 @@ func newKeysShow(opts *options) *cobra.Command {
 		Long: `show prints a key's record: its status, recovery point, the version of the
 workflow definition that wrote it, its request, state and response. A parked
 key shows why it was parked, and the version an operator chose to resume it
-under (keys resume), if any.`,
+under (keys resume), if any. A deferred key (a step asked to come back
+later) shows the time before which nothing resumes it; keys release ends
+the deferral.`,
 		Args: args(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			store, db, err := opts.store(cmd)
@@ -130,6 +132,9 @@ under (keys resume), if any.`,
 			}
 			t.row("attempts", strconv.Itoa(out.Attempts))
 			t.row("lease", lease(rec))
+			if out.NotBefore != nil {
+				t.row("not before", out.NotBefore.Format(time.RFC3339Nano)+" (deferred by its last attempt)")
+			}
 			if rec.Status == recovery.StatusParked {
 				t.row("parked because", out.LastError)
 			} else {
@@ -163,7 +168,9 @@ func newKeysRelease(opts *options) *cobra.Command {
 		Short: "Hand a key's lease back so that a retry or the sweeper resumes it at once",
 		Long: `release ends the lease of a key in flight, as if its holder had failed: the record
 stays at its recovery point, its attempts grow by one, and the next claim takes it
-over at once. Whoever held the lease is fenced out: its next write fails.
+over at once. Whoever held the lease is fenced out: its next write fails. A
+deferred key (keys show prints its "not before") is released from its deferral
+too.
 
 A key whose lease is still valid may have a holder at work: release refuses it
 unless --force is given.
@@ -298,6 +305,7 @@ type keyJSON struct {
 	LastError     string          `json:"last_error,omitempty"`
 	LockedUntil   *time.Time      `json:"locked_until,omitempty"`
 	Released      bool            `json:"released,omitempty"`
+	NotBefore     *time.Time      `json:"not_before,omitempty"`
 	Request       json.RawMessage `json:"request,omitempty"`
 	State         json.RawMessage `json:"state,omitempty"`
 	Response      *responseJSON   `json:"response,omitempty"`
@@ -369,6 +377,9 @@ func toJSON(r *recovery.Record, versions map[string]string) keyJSON {
 	out.Definition, out.ResumeAs = definition(r.Definition), definition(r.ResumeAs)
 	if !r.LockedUntil.IsZero() {
 		out.LockedUntil = &r.LockedUntil
+	}
+	if !r.NotBefore.IsZero() {
+		out.NotBefore = &r.NotBefore
 	}
 	if !r.CompletedAt.IsZero() {
 		out.CompletedAt = &r.CompletedAt

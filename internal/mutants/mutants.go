@@ -11,7 +11,7 @@ var mutants = []Mutant{
 	{
 		Name:   "claim-not-atomic",
 		Breaks: "a takeover's write does not check the rule again, so a claim that read the key absent takes over the concurrent first claim",
-		Edits: []Edit{{File: "migrations/sql/0009_takeover_function.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0011_not_before.up.sql",
 			Old: `    WHERE k.tenant_id = p_tenant AND k.key = p_key
       AND {schema}.onceflow_may_take_over(k, p_workflow, p_hash, p_principal)`,
 			New: `    WHERE k.tenant_id = p_tenant AND k.key = p_key`}},
@@ -108,8 +108,8 @@ var mutants = []Mutant{
 		Name:   "retry-after-app-clock",
 		Breaks: "Retry-After is measured on the application's clock, not the database's",
 		Edits: []Edit{{File: "recovery/claim.go",
-			Old: "return max(rec.LockedUntil.Sub(dbNow), time.Second)",
-			New: "return max(time.Until(rec.LockedUntil), time.Second)"}},
+			Old: "return max(rec.LockedUntil.Sub(dbNow), rec.NotBefore.Sub(dbNow), time.Second)",
+			New: "return max(time.Until(rec.LockedUntil), rec.NotBefore.Sub(dbNow), time.Second)"}},
 		Pkg: "./workflow", Run: "^TestSkewedClockDoesNotTakeOverAValidLease$",
 	},
 	{
@@ -146,10 +146,31 @@ var mutants = []Mutant{
 	{
 		Name:   "takeover-ignores-lease",
 		Breaks: "a takeover does not wait for the lease to end",
-		Edits: []Edit{{File: "migrations/sql/0009_takeover_function.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0011_not_before.up.sql",
 			Old: "k.status = 'in_flight' AND k.locked_until < clock_timestamp() AND k.workflow = p_workflow",
 			New: "k.status = 'in_flight' AND k.workflow = p_workflow"}},
 		Pkg: "./sweeper", Run: "^TestTwoSweepersCompleteEachRecordOnce$",
+	},
+	{
+		Name:   "permanent-not-terminal",
+		Breaks: "a step's permanent error is retried like any other until MaxAttempts, instead of failing the key at once",
+		Edits: []Edit{{File: "workflow/attempt.go",
+			Old: "\tcase permanent:\n\t\treturn a.failTerminally(", New: "\tcase false && permanent:\n\t\treturn a.failTerminally("}},
+		Pkg: "./workflow", Run: "^TestPermanentErrorFailsAtOnce$",
+	},
+	{
+		Name:   "defer-ignored-by-claim",
+		Breaks: "the takeover rule ignores a deferred record's not_before, so a retry runs the step again before the other system's Retry-After",
+		Edits: []Edit{{File: "migrations/sql/0011_not_before.up.sql",
+			Old: "       AND (k.not_before IS NULL OR k.not_before <= clock_timestamp())\n", New: ""}},
+		Pkg: "./workflow", Run: "^TestDeferredKeyWaitsUntilNotBefore$",
+	},
+	{
+		Name:   "completer-ignores-deferral",
+		Breaks: "the completer counts a deferred record due before its not_before, and spends its batch on takeovers the rule refuses",
+		Edits: []Edit{{File: "sweeper/completer.go",
+			Old: ",\n                   not_before) AS due_at", New: ") AS due_at"}},
+		Pkg: "./sweeper", Run: "^TestCompleterWaitsForADeferral$",
 	},
 	{
 		Name:   "prune-in-flight",
