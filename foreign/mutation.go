@@ -3,6 +3,7 @@ package foreign
 import (
 	"cmp"
 	"context"
+	"time"
 
 	"github.com/onceflow/onceflow/phase"
 )
@@ -32,8 +33,24 @@ func keyStep[Req, State any](r *phase.Run[Req, State]) string { return cmp.Or(r.
 // committed at the next commit point. If the process dies before then, the
 // step runs again with the same key, and the other system must deduplicate
 // it: send c.Key.
-func Mutation[Req, State any](name string, fn func(ctx context.Context, c *Call[Req, State]) error) phase.Step[Req, State] {
+//
+// opts may add a Retry policy (tries within the attempt, every one with
+// the same c.Key) and a Timeout per try. Mutation panics on an option out
+// of range, as workflow.Define panics on a broken definition.
+func Mutation[Req, State any](name string, fn func(ctx context.Context, c *Call[Req, State]) error, opts ...Option) phase.Step[Req, State] {
+	o := newOptions(name, opts)
 	return phase.Foreign(name, func(ctx context.Context, r *phase.Run[Req, State]) error {
-		return fn(ctx, &Call[Req, State]{Run: r, Key: DeriveKey(r.Key, r.RecordID, keyStep(r))})
+		c := &Call[Req, State]{Run: r, Key: DeriveKey(r.Key, r.RecordID, keyStep(r))}
+		var retried func(int, error, time.Duration)
+		if r.Retried != nil {
+			retried = func(try int, err error, wait time.Duration) { r.Retried(r.Step, try, err, wait) }
+		}
+		return o.run(ctx, r.Lease, retried, func(ctx context.Context) error { return fn(ctx, c) })
 	})
 }
+
+// Permanent marks err as permanent (phase.Permanent): no retry can fix it
+// (the other system refused the request as invalid, a card was declined).
+// A Retry stops at it, and the engine fails the workflow at once.
+// Permanent(nil) is nil.
+func Permanent(err error) error { return phase.Permanent(err) }

@@ -75,6 +75,11 @@ type Run[Req, State any] struct {
 	// Lease is the engine's lease: a step waiting longer than a third of it
 	// between tries of a call had better Defer than hold the key idle.
 	Lease time.Duration
+	// Retried, set by the engine, hears of each retry of a call within the
+	// step (foreign.Retry): the step, the try that failed (from 1), its
+	// error, and the wait before the next. The engine logs and counts it.
+	// nil hears nothing.
+	Retried func(step string, try int, err error, wait time.Duration)
 	// Request is the workflow's request. Treat it as read-only.
 	Request Req
 	// State is the workflow state. Steps change it; it is committed as JSON

@@ -70,6 +70,10 @@ func Respond(resp Response) error { return &outcome{resp: resp} }
 // answer for, and Reject acts as Respond.
 func Reject(resp Response) error { return &outcome{resp: resp, reject: true} }
 
+// Final reports that the error is an answer, not a failure: a
+// foreign.Retry does not try the call again.
+func (o *outcome) Final() bool { return true }
+
 func asOutcome(err error) (*outcome, bool) {
 	var o *outcome
 	ok := errors.As(err, &o)

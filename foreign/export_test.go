@@ -1,0 +1,19 @@
+package foreign
+
+import (
+	"context"
+	"time"
+)
+
+// WithSleep replaces the wait between a Mutation's tries with sleep, so
+// that a test sees each wait without waiting it.
+func WithSleep(sleep func(ctx context.Context, d time.Duration) error) Option {
+	return sleepOption(sleep)
+}
+
+type sleepOption func(ctx context.Context, d time.Duration) error
+
+func (s sleepOption) apply(o *options) { o.sleep = s }
+
+// RetryAfterOf reads a Retry-After header as CheckResponse does, at now.
+var RetryAfterOf = retryAfterOf

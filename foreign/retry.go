@@ -1,0 +1,235 @@
+package foreign
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/onceflow/onceflow/phase"
+)
+
+// Defaults and bounds of a Retry policy.
+const (
+	// RetryMaxDefault is how many tries a Retry with Max 0 makes.
+	RetryMaxDefault = 3
+	// RetryMaxLimit is the most tries a Retry may ask for.
+	RetryMaxLimit = 100
+	// RetryBaseDefault is the wait before the second try of a Retry with
+	// Base 0.
+	RetryBaseDefault = 100 * time.Millisecond
+	// RetryCapDefault is the longest wait between tries of a Retry with
+	// Cap 0.
+	RetryCapDefault = 10 * time.Second
+)
+
+// Option configures a Mutation: a Retry policy, or a Timeout per try.
+type Option interface {
+	apply(o *options)
+}
+
+// Retry retries a foreign mutation's function within the attempt when it
+// fails transiently, under the attempt's lease (the engine's heartbeat
+// keeps it) and with the same derived key every time, so the other system
+// deduplicates the tries. Every error is transient except:
+//
+//   - an error marked Permanent (CheckResponse marks a 4xx answer so): the
+//     step fails at once;
+//   - the end of the attempt's context (the caller went away, the lease was
+//     lost): the step stops;
+//   - a workflow outcome (workflow.Respond, workflow.Reject) or a
+//     phase.DeferError the function returns: they end the step as they
+//     would without Retry.
+//
+// Before try n+1 it waits the backoff, Base·2^(n-1) but at most Cap (with
+// Jitter, a random wait between zero and that: "full jitter", so that the
+// many callers of a recovering system do not come back together), and at
+// least the Retry-After of an *HTTPError. A wait longer than a third of the
+// engine's lease (phase.Run.Lease) would hold the key idle: when the other
+// system asked for it (Retry-After), the step returns phase.Defer instead,
+// and the engine hands the key back until then; a backoff alone is cut to
+// that third. After Max tries the last error is the step's, and the
+// attempt fails as any attempt does (it counts against MaxAttempts).
+//
+// Without a Retry option a Mutation tries once per attempt.
+type Retry struct {
+	// Max is how many tries one attempt makes, the first included. 0 means
+	// RetryMaxDefault; 1 means no retry. At most RetryMaxLimit.
+	Max int
+	// Base is the wait before the second try, doubled before each further
+	// one. 0 means RetryBaseDefault.
+	Base time.Duration
+	// Cap is the longest wait between tries. 0 means RetryCapDefault, or
+	// Base when Base is longer.
+	Cap time.Duration
+	// Jitter waits a random time between zero and the backoff instead of
+	// the backoff itself. Set it unless you have a reason not to.
+	Jitter bool
+}
+
+func (r Retry) apply(o *options) { o.retry = &r }
+
+// withDefaults returns r with each zero field set to its default.
+func (r Retry) withDefaults() Retry {
+	r.Max = cmp.Or(r.Max, RetryMaxDefault)
+	r.Base = cmp.Or(r.Base, RetryBaseDefault)
+	r.Cap = cmp.Or(r.Cap, max(RetryCapDefault, r.Base))
+	return r
+}
+
+// validate reports a field of r, with its defaults filled in, out of range.
+func (r Retry) validate() error {
+	switch {
+	case r.Max < 1 || r.Max > RetryMaxLimit:
+		return fmt.Errorf("foreign: Retry.Max is %d; want 1 to %d (0: %d)", r.Max, RetryMaxLimit, RetryMaxDefault)
+	case r.Base < 0:
+		return fmt.Errorf("foreign: Retry.Base is %s", r.Base)
+	case r.Cap < r.Base:
+		return fmt.Errorf("foreign: Retry.Cap (%s) is shorter than Base (%s)", r.Cap, r.Base)
+	}
+	return nil
+}
+
+// backoff is the wait after the try-th failed try, before jitter.
+func (r Retry) backoff(try int) time.Duration {
+	wait := r.Base
+	for i := 1; i < try; i++ {
+		if wait > r.Cap/2 {
+			return r.Cap
+		}
+		wait *= 2
+	}
+	return min(wait, r.Cap)
+}
+
+// Timeout bounds each try of a Mutation's function: its context ends d
+// after the try started (and, as always, when the attempt's does). A try
+// cut by it failed transiently: with Retry, the next try follows. It
+// panics unless d is positive.
+func Timeout(d time.Duration) Option {
+	if d <= 0 {
+		panic(fmt.Sprintf("foreign: Timeout(%s): want a positive duration", d))
+	}
+	return timeoutOption(d)
+}
+
+type timeoutOption time.Duration
+
+func (t timeoutOption) apply(o *options) { o.timeout = time.Duration(t) }
+
+// options are a Mutation's settings.
+type options struct {
+	retry   *Retry        // nil: one try
+	timeout time.Duration // 0: none
+	// sleep waits d or until ctx ends; tests replace it (sleepOption).
+	sleep func(ctx context.Context, d time.Duration) error
+}
+
+// newOptions applies opts, fills in defaults, and panics on a setting out
+// of range: a Mutation is declared with its workflow, at start-up, where a
+// broken declaration is a programming error best found at once.
+func newOptions(name string, opts []Option) options {
+	o := options{sleep: sleep}
+	for _, opt := range opts {
+		opt.apply(&o)
+	}
+	if o.retry == nil {
+		o.retry = &Retry{Max: 1}
+	}
+	r := o.retry.withDefaults()
+	if err := r.validate(); err != nil {
+		panic(fmt.Sprintf("step %s: %v", name, err))
+	}
+	o.retry = &r
+	return o
+}
+
+// sleep waits d, or until ctx ends, and then returns ctx's error.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// final is an error that is an answer, not a failure: the workflow
+// package's Respond and Reject. No try can change it.
+type final interface{ Final() bool }
+
+// retryable reports whether a try that failed with err may be followed by
+// another: see Retry.
+func retryable(ctx context.Context, err error) bool {
+	var (
+		deferred *phase.DeferError
+		answer   final
+	)
+	switch {
+	case ctx.Err() != nil, phase.IsPermanent(err), errors.As(err, &deferred):
+		return false
+	case errors.As(err, &answer) && answer.Final():
+		return false
+	}
+	return true
+}
+
+// run calls try until it succeeds, fails for good, or o's tries are spent,
+// waiting between tries as Retry says. lease is the engine's lease (0: none
+// known, so nothing defers); retried, if set, hears of each retry before
+// its wait.
+func (o *options) run(ctx context.Context, lease time.Duration, retried func(try int, err error, wait time.Duration),
+	try func(ctx context.Context) error) error {
+	for n := 1; ; n++ {
+		err := o.once(ctx, try)
+		if err == nil || n >= o.retry.Max || !retryable(ctx, err) {
+			return err
+		}
+		backoff, asked := o.backoff(n), retryAfter(err)
+		if lease > 0 {
+			backoff = min(backoff, lease/3)
+		}
+		wait := max(backoff, asked)
+		if lease > 0 && wait > lease/3 {
+			return phase.Defer(wait, err) // only a Retry-After gets here
+		}
+		if retried != nil {
+			retried(n, err, wait)
+		}
+		if stopped := o.sleep(ctx, wait); stopped != nil {
+			return fmt.Errorf("%w (stopped before try %d: %w)", err, n+1, stopped)
+		}
+	}
+}
+
+// once runs one try, under the per-try timeout if there is one.
+func (o *options) once(ctx context.Context, try func(ctx context.Context) error) error {
+	if o.timeout == 0 {
+		return try(ctx)
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	return try(ctx)
+}
+
+// backoff is the wait after the n-th try failed, jittered if so asked.
+func (o *options) backoff(n int) time.Duration {
+	wait := o.retry.backoff(n)
+	if o.retry.Jitter {
+		wait = rand.N(wait + 1)
+	}
+	return wait
+}
+
+// retryAfter is the Retry-After of the *HTTPError in err, or 0.
+func retryAfter(err error) time.Duration {
+	var h *HTTPError
+	if errors.As(err, &h) {
+		return h.RetryAfter
+	}
+	return 0
+}
