@@ -419,6 +419,7 @@ func (o *operations) Claimed(workflow, _ string) {
 }
 func (o *operations) StepFinished(string, string, time.Duration, error) {}
 func (o *operations) LeaseLost(string)                                  {}
+func (o *operations) StepRetried(string, string)                        {}
 func (o *operations) Parked(string)                                     {}
 
 // TestAttackRandomPathsMakeOneOperation: where no route pattern matched,

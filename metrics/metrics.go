@@ -31,6 +31,7 @@ type Metrics struct {
 	leaseLost   *prometheus.CounterVec
 	parked      *prometheus.CounterVec
 	steps       *prometheus.HistogramVec
+	retries     *prometheus.CounterVec
 	resumes     *prometheus.CounterVec
 	pruned      *prometheus.CounterVec
 	outbox      *prometheus.CounterVec
@@ -63,6 +64,10 @@ func New() *Metrics {
 			Help:    "How long workflow steps ran, by result (ok or error).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
 		}, []string{"workflow", "step", "result"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_step_retries_total",
+			Help: "Calls that steps retried within an attempt (foreign.Retry), one per retry.",
+		}, []string{"workflow", "step"}),
 		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_resumes_total",
 			Help: "Abandoned records the completer resumed, by result (ok or error).",
@@ -105,7 +110,7 @@ func New() *Metrics {
 // Collectors returns onceflow's collectors, to register with a registry of
 // your own.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.claims, m.leaseLost, m.parked, m.steps, m.resumes, m.pruned, m.outbox, m.abandoned,
+	return []prometheus.Collector{m.claims, m.leaseLost, m.parked, m.steps, m.retries, m.resumes, m.pruned, m.outbox, m.abandoned,
 		m.parkedNow, m.oldest, m.taskRuns, m.taskSeconds}
 }
 
@@ -133,6 +138,9 @@ func (m *Metrics) Claimed(workflow, outcome string) {
 func (m *Metrics) StepFinished(workflow, step string, took time.Duration, err error) {
 	m.steps.WithLabelValues(workflow, step, result(err)).Observe(took.Seconds())
 }
+
+// StepRetried counts a retry within a step (workflow.Observer).
+func (m *Metrics) StepRetried(workflow, step string) { m.retries.WithLabelValues(workflow, step).Inc() }
 
 // LeaseLost counts a lost lease (workflow.Observer).
 func (m *Metrics) LeaseLost(workflow string) { m.leaseLost.WithLabelValues(workflow).Inc() }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -81,6 +82,18 @@ func TestMetricsOverHTTP(t *testing.T) {
 		{Schedule: "@hourly", Task: pruner}, {Schedule: "@hourly", Task: reporter}}})
 	require.NoError(t, err)
 	require.NoError(t, s.RunNow(ctx))
+	busy := true
+	retrying := workflow.Define("refund",
+		foreign.Mutation("call", func(context.Context, *foreign.Call[req, state]) error {
+			if busy {
+				busy = false
+				return errors.New("provider busy")
+			}
+			return nil
+		}, foreign.Retry{Max: 2, Base: time.Microsecond}),
+	)
+	_, err = retrying.Run(ctx, engine, workflow.Key{Tenant: "acme", ID: "k2"}, req{1}) // one retry within the attempt
+	require.NoError(t, err)
 
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
@@ -96,6 +109,7 @@ func TestMetricsOverHTTP(t *testing.T) {
 		`onceflow_claims_total{outcome="mismatch",workflow="pay"} 1`,
 		`onceflow_step_duration_seconds_count{result="error",step="call",workflow="pay"} 1`,
 		`onceflow_step_duration_seconds_count{result="ok",step="call",workflow="pay"} 1`,
+		`onceflow_step_retries_total{step="call",workflow="refund"} 1`,
 		`onceflow_outbox_messages_total{outcome="delivered",topic="receipt"} 1`,
 		`onceflow_pruned_rows_total{table="onceflow_keys"} 1`,
 		`onceflow_sweeper_task_runs_total{result="ok",task="pruner"} 1`,

@@ -193,6 +193,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 	}
 	a.rec, a.outcome = rec, outcome
 	a.run.Key, a.run.RecordID, a.run.Attempt, a.run.Lease = a.key, rec.ID, rec.Attempts+1, a.e.lease
+	a.run.Retried = func(step string, try int, err error, wait time.Duration) { a.retried(ctx, step, try, err, wait) }
 	a.committed = rec.RecoveryPoint != ""
 	if a.fromRecord {
 		// What was taken over may not be what Resume loaded a moment ago.
@@ -554,6 +555,14 @@ func (a *attempt[Req, State]) respondOrReject(ctx context.Context, step string, 
 		}
 	}
 	return &Result{Response: o.resp, Outcome: a.outcome, Rejected: true}, nil
+}
+
+// retried logs and counts a retry of a call within step (foreign.Retry):
+// try failed with err, and the next follows after wait.
+func (a *attempt[Req, State]) retried(ctx context.Context, step string, try int, err error, wait time.Duration) {
+	a.e.logger.InfoContext(ctx, "foreign call failed; retrying within the attempt",
+		a.logAttrs(step, slog.Int("try", try), slog.Duration("wait", wait), slog.Any("error", err))...)
+	a.e.observeRetry(a.w.name, step)
 }
 
 // rejectable reports whether a Reject may delete the record, leaving the

@@ -411,9 +411,10 @@ type stepTimes struct {
 	took map[string]time.Duration
 }
 
-func (s *stepTimes) Claimed(string, string) {}
-func (s *stepTimes) LeaseLost(string)       {}
-func (s *stepTimes) Parked(string)          {}
+func (s *stepTimes) Claimed(string, string)     {}
+func (s *stepTimes) LeaseLost(string)           {}
+func (s *stepTimes) StepRetried(string, string) {}
+func (s *stepTimes) Parked(string)              {}
 func (s *stepTimes) StepFinished(_, step string, took time.Duration, _ error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

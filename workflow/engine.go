@@ -71,16 +71,17 @@ type Config struct {
 	// Workflows are registered at once, for Resume (see Register).
 	Workflows []Definition
 
-	// Logger receives takeovers, step failures, lost leases and terminal
-	// failures. nil discards them.
+	// Logger receives takeovers, step failures, retries within a step
+	// (foreign.Retry), lost leases and terminal failures. nil discards
+	// them.
 	Logger *slog.Logger
 
 	// Hooks let tests stop attempts at crash points and watch the lease
 	// heartbeat. Leave nil in production.
 	Hooks *Hooks
 
-	// Observer, if set, is told of claims, step durations and lost leases,
-	// for metrics.
+	// Observer, if set, is told of claims, step durations, retries within
+	// a step and lost leases, for metrics.
 	Observer Observer
 
 	// Clock reads the local time. nil means time.Now. The engine reads it

@@ -33,6 +33,9 @@ type Observer interface {
 	// Parked reports a record parked because the running definition may
 	// not resume it.
 	Parked(workflow string)
+	// StepRetried reports a call that a step retries within its attempt
+	// (foreign.Retry), once per retry.
+	StepRetried(workflow, step string)
 }
 
 // claimOutcome names the outcome of a claim for an Observer; "" for errors
@@ -77,5 +80,11 @@ func (e *Engine) observeLeaseLost(workflow string) {
 func (e *Engine) observeParked(workflow string) {
 	if e.observer != nil {
 		e.observer.Parked(workflow)
+	}
+}
+
+func (e *Engine) observeRetry(workflow, step string) {
+	if e.observer != nil {
+		e.observer.StepRetried(workflow, step)
 	}
 }

@@ -787,6 +787,7 @@ func (p *parkings) Claimed(workflow, outcome string) {
 }
 func (p *parkings) StepFinished(string, string, time.Duration, error) {}
 func (p *parkings) LeaseLost(string)                                  {}
+func (p *parkings) StepRetried(string, string)                        {}
 func (p *parkings) Parked(workflow string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

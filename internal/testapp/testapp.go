@@ -13,6 +13,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -58,6 +59,9 @@ type Options struct {
 	// name; an error fails the step. A test uses it to fail, block or panic
 	// at a step.
 	Before func(ctx context.Context, step string) error
+	// Charge are the charge step's options (a foreign.Retry, a
+	// foreign.Timeout).
+	Charge []foreign.Option
 }
 
 // Checkout is the checkout workflow, charging through the Provider at
@@ -92,7 +96,7 @@ func Checkout(providerURL string, opts Options) *workflow.Workflow[Order, State]
 			}
 			c.State.ChargeID = id
 			return nil
-		}),
+		}, opts.Charge...),
 		phase.Atomic("record_charge", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, State]) error {
 			if err := before(ctx, r.Step); err != nil {
 				return err
@@ -118,20 +122,44 @@ func Checkout(providerURL string, opts Options) *workflow.Workflow[Order, State]
 // to any path (the endpoint: /charges, /reservations, ...) with an
 // Idempotency-Key makes one effect per key and endpoint and answers
 // {"id": ...}, the same id for the same key, as real providers
-// deduplicate. It counts effects and calls.
+// deduplicate. It counts effects and calls. Fail makes it answer the next
+// calls with faults, as a provider having a bad moment does.
 type Provider struct {
 	*httptest.Server
 	mu      sync.Mutex
 	effects map[string]map[string]string // endpoint -> key -> id
 	keys    map[string][]string          // endpoint -> keys in call order
+	faults  map[string][]Fault           // endpoint -> the next calls' faults
+	closing chan struct{}                // closed when the test ends: hung calls answer
+}
+
+// Fault is how a Provider answers one call instead of serving it.
+type Fault struct {
+	// Status, if not 0, is the answer's status, with Header set on it
+	// (Retry-After, Date); the call makes no effect.
+	Status int
+	Header http.Header
+	// Hang makes the call's effect and then holds the answer back until the
+	// client gives up: a call whose answer is lost.
+	Hang bool
 }
 
 // NewProvider starts a Provider, closed when t ends.
 func NewProvider(t testing.TB) *Provider {
-	p := &Provider{effects: map[string]map[string]string{}, keys: map[string][]string{}}
+	p := &Provider{effects: map[string]map[string]string{}, keys: map[string][]string{},
+		faults: map[string][]Fault{}, closing: make(chan struct{})}
 	p.Server = httptest.NewServer(http.HandlerFunc(p.serve))
 	t.Cleanup(p.Close)
+	t.Cleanup(func() { close(p.closing) }) // first: Close waits for hung calls
 	return p
+}
+
+// Fail makes the next calls to endpoint answer faults, one call each, in
+// order; the calls after them are served.
+func (p *Provider) Fail(endpoint string, faults ...Fault) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.faults[endpoint] = append(p.faults[endpoint], faults...)
 }
 
 func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
@@ -143,6 +171,16 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	p.mu.Lock()
 	p.keys[endpoint] = append(p.keys[endpoint], key)
+	var fault Fault
+	if f := p.faults[endpoint]; len(f) > 0 {
+		fault, p.faults[endpoint] = f[0], f[1:]
+	}
+	if fault.Status != 0 {
+		p.mu.Unlock()
+		maps.Copy(w.Header(), fault.Header)
+		http.Error(w, "fault", fault.Status)
+		return
+	}
 	made := p.effects[endpoint]
 	if made == nil {
 		made = map[string]string{}
@@ -154,6 +192,13 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 		made[key] = id
 	}
 	p.mu.Unlock()
+	if fault.Hang {
+		select {
+		case <-r.Context().Done():
+		case <-p.closing:
+		}
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]string{"id": id})
 }
@@ -187,7 +232,8 @@ func (p *Provider) MaxCalls(endpoint string) int {
 }
 
 // Call posts to endpoint of the Provider at providerURL with key and
-// returns the id it answers.
+// returns the id it answers. A status other than 2xx is classified by
+// foreign.CheckResponse.
 func Call(ctx context.Context, providerURL, endpoint, key string) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, providerURL+"/"+endpoint, nil)
 	if err != nil {
@@ -199,8 +245,8 @@ func Call(ctx context.Context, providerURL, endpoint, key string) (string, error
 		return "", err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("%s: %s", endpoint, resp.Status)
+	if err := foreign.CheckResponse(resp); err != nil {
+		return "", fmt.Errorf("%s: %w", endpoint, err)
 	}
 	var out struct{ ID string }
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
