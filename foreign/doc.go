@@ -13,4 +13,16 @@
 //
 // Send the key the way the other system expects it; [SetHeader] sets the
 // Idempotency-Key header of an HTTP request.
+//
+// # Retries, timeouts and deferrals
+//
+// Other systems fail for a moment. A [Retry] option tries the call again
+// within the attempt, with the same key, after an exponential backoff with
+// full jitter; [Timeout] bounds each try. Mark what no retry can fix with
+// [Permanent]; [CheckResponse] classifies an HTTP answer (2xx success; 408,
+// 425, 429 and 5xx transient, their Retry-After honoured, as an
+// [*HTTPError]; any other status permanent). When the other system asks
+// for a wait longer than a third of the engine's lease, the step returns a
+// phase.DeferError and the key is handed back until then, instead of being
+// held idle.
 package foreign

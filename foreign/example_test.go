@@ -1,14 +1,22 @@
 package foreign_test
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"os"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/recovery"
+	"github.com/onceflow/onceflow/workflow"
 )
 
 // Every attempt at a step derives the same downstream key, so the other
@@ -31,4 +39,74 @@ func ExampleDeriveKey() {
 	// true true 68
 	// true
 	// true
+}
+
+// A payment provider that is busy for a moment: the charge is tried again
+// within the attempt, with the same key, after a short jittered wait, and
+// the workflow completes on its first attempt. A 4xx answer would have
+// stopped it at once (CheckResponse marks it Permanent), and a Retry-After
+// longer than a third of the lease would have handed the key back until
+// then (phase.Defer).
+func ExampleRetry() {
+	ctx := context.Background()
+	db, err := pgxpool.New(ctx, os.Getenv("ONCEFLOW_DATABASE_URL")) // migrated with package migrations
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+
+	var (
+		mu   sync.Mutex
+		keys []string
+	)
+	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		keys = append(keys, r.Header.Get(foreign.Header))
+		if len(keys) == 1 {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprint(w, `{"id":"ch_1"}`)
+	}))
+	defer provider.Close()
+
+	type Payment struct{ AmountCents int64 }
+	type Charged struct{ ID string }
+	pay := workflow.Define("example_pay",
+		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Payment, Charged]) error {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, provider.URL+"/charges", nil)
+			if err != nil {
+				return foreign.Permanent(err)
+			}
+			foreign.SetHeader(req, c.Key)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err // a network error or a try's timeout: tried again
+			}
+			defer resp.Body.Close()
+			if err := foreign.CheckResponse(resp); err != nil {
+				return err // 408, 425, 429, 5xx: tried again; other statuses: permanent
+			}
+			return json.NewDecoder(resp.Body).Decode(&c.State)
+		},
+			foreign.Retry{Max: 4, Base: 20 * time.Millisecond, Cap: time.Second, Jitter: true},
+			foreign.Timeout(10*time.Second)),
+	).Finish(func(s *Charged) workflow.Response { return workflow.JSON(200, s) })
+
+	engine, err := workflow.NewEngine(db, workflow.Config{})
+	if err != nil {
+		panic(err)
+	}
+	res, err := pay.Run(ctx, engine, workflow.Key{Tenant: "acme", ID: uuid.NewString()}, Payment{AmountCents: 1999})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(res.Response.Status, string(res.Response.Body))
+	mu.Lock()
+	defer mu.Unlock()
+	fmt.Println(len(keys), "calls, one key:", keys[0] == keys[1])
+	// Output:
+	// 200 {"ID":"ch_1"}
+	// 2 calls, one key: true
 }
