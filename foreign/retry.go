@@ -69,7 +69,7 @@ type Retry struct {
 	Jitter bool
 }
 
-func (r Retry) apply(o *options) { o.retry = &r }
+func (r Retry) apply(o *options) { o.retry = r }
 
 // withDefaults returns r with each zero field set to its default.
 func (r Retry) withDefaults() Retry {
@@ -121,9 +121,9 @@ func (t timeoutOption) apply(o *options) { o.timeout = time.Duration(t) }
 
 // options are a Mutation's settings.
 type options struct {
-	retry   *Retry        // nil: one try
+	retry   Retry         // with its defaults filled in
 	timeout time.Duration // 0: none
-	// sleep waits d or until ctx ends; tests replace it (sleepOption).
+	// sleep waits d or until ctx ends; tests replace it (export_test.go).
 	sleep func(ctx context.Context, d time.Duration) error
 }
 
@@ -131,18 +131,14 @@ type options struct {
 // of range: a Mutation is declared with its workflow, at start-up, where a
 // broken declaration is a programming error best found at once.
 func newOptions(name string, opts []Option) options {
-	o := options{sleep: sleep}
+	o := options{retry: Retry{Max: 1}, sleep: sleep} // without Retry, one try
 	for _, opt := range opts {
 		opt.apply(&o)
 	}
-	if o.retry == nil {
-		o.retry = &Retry{Max: 1}
-	}
-	r := o.retry.withDefaults()
-	if err := r.validate(); err != nil {
+	o.retry = o.retry.withDefaults()
+	if err := o.retry.validate(); err != nil {
 		panic(fmt.Sprintf("step %s: %v", name, err))
 	}
-	o.retry = &r
 	return o
 }
 
