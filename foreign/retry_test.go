@@ -190,14 +190,16 @@ func TestRetryTransientThenSuccess(t *testing.T) {
 	require.Zero(t, rec.Attempts, "the retries were within the first attempt, which did not fail")
 }
 
-// A refusal (400) is not retried: one call, no wait, and the step's error
-// is permanent. (Mutation caught: retrying a Permanent error.)
+// A refusal (400) is not retried: one call, no wait, the step's error is
+// permanent, and the engine fails the workflow at once. (Mutation caught:
+// retrying a Permanent error.)
 func TestRetryPermanentIsNotRetried(t *testing.T) {
 	s := newShop(t, workflow.Config{}, foreign.Retry{Max: 5, Base: time.Millisecond})
 	s.provider.Fail("charges", status(400))
 
-	_, err := s.checkout.Run(s.ctx, s.engine, acme, order)
-	require.Error(t, err)
+	res, err := s.checkout.Run(s.ctx, s.engine, acme, order)
+	require.NoError(t, err)
+	require.True(t, res.Failed, "a permanent error fails the workflow terminally, on its first attempt")
 	require.Len(t, s.provider.Keys("charges"), 1)
 	require.Empty(t, s.waits.all())
 	require.Zero(t, s.seen.retried("checkout", "charge"))
@@ -257,8 +259,8 @@ func TestRetryHonoursRetryAfter(t *testing.T) {
 
 // A Retry-After longer than a third of the lease is not waited with the
 // key held: the step returns a phase.DeferError for that long, after one
-// call. (Mutations caught: no deferral; deferring beyond the lease rather
-// than a third of it.)
+// call, and the engine hands the key back until then. (Mutations caught:
+// no deferral; deferring beyond the lease rather than a third of it.)
 func TestRetryAfterBeyondAThirdOfTheLeaseDefers(t *testing.T) {
 	const lease = 30 * time.Second
 	s := newShop(t, workflow.Config{Lease: lease}, foreign.Retry{Max: 3, Base: time.Millisecond})
@@ -275,6 +277,13 @@ func TestRetryAfterBeyondAThirdOfTheLeaseDefers(t *testing.T) {
 	require.Len(t, s.provider.Keys("charges"), 1)
 	require.Empty(t, s.waits.all())
 	require.Zero(t, s.seen.retried("checkout", "charge"))
+
+	// The engine handed the key back until then: a retry now runs nothing.
+	_, err = s.checkout.Run(s.ctx, s.engine, acme, order)
+	var inFlight *recovery.InFlightError
+	require.ErrorAs(t, err, &inFlight)
+	require.True(t, inFlight.Deferred)
+	require.Len(t, s.provider.Keys("charges"), 1)
 }
 
 // Max bounds the tries of an attempt, and the waits between them double
