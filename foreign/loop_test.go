@@ -73,8 +73,8 @@ func TestRetryJitterIsFull(t *testing.T) {
 }
 
 // A backoff longer than a third of the lease is cut to it rather than
-// deferred (a deferral does not count as an attempt, so a backoff that
-// deferred would retry for ever); with no lease known nothing defers.
+// deferred: only the other system's Retry-After defers; with no lease
+// known nothing defers.
 // (Mutation caught: backoff not cut to the lease.)
 func TestRetryBackoffStaysWithinTheLease(t *testing.T) {
 	t.Parallel()

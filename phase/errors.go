@@ -34,8 +34,9 @@ func IsPermanent(err error) bool {
 // until After has passed: the other system said when to come back
 // (Retry-After) and that is longer than it is worth holding the key's lease
 // idle. No claim, retry or completer takes the key over before then; a
-// client's retry meanwhile gets ErrInFlight with the time left. It does not
-// count against MaxAttempts. Return it with Defer.
+// client's retry meanwhile gets ErrInFlight with the time left. It counts
+// as an attempt, so that MaxAttempts bounds a downstream that defers for
+// ever. Return it with Defer.
 type DeferError struct {
 	After time.Duration
 	Err   error

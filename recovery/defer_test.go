@@ -26,7 +26,7 @@ func inFlightFor(t *testing.T, err error, after time.Duration, start time.Time) 
 }
 
 // TestHandBackForDefersTheKey: a deferred hand-back releases the lease
-// without counting an attempt and keeps every claim and takeover out until
+// counting an attempt, and keeps every claim and takeover out until
 // its not-before time, answering ErrInFlight with the time left; a
 // takeover after it clears the deferral. The old owner is fenced out.
 func TestHandBackForDefersTheKey(t *testing.T) {
@@ -43,7 +43,7 @@ func TestHandBackForDefersTheKey(t *testing.T) {
 	require.True(t, got.Released)
 	require.Equal(t, recovery.StatusInFlight, got.Status)
 	require.True(t, notBefore.Equal(got.NotBefore), "%s, %s", notBefore, got.NotBefore)
-	require.Zero(t, got.Attempts, "a deferral is not an attempt")
+	require.Equal(t, 1, got.Attempts, "a deferral counts an attempt")
 	require.Equal(t, "provider said 429", got.LastError)
 	_, err = seam.StoreOf(b.store).HandBackFor(b.ctx, rec.Fence(), after, "again")
 	require.ErrorIs(t, err, recovery.ErrLeaseLost)
@@ -60,7 +60,7 @@ func TestHandBackForDefersTheKey(t *testing.T) {
 	taken, outcome := b.claim(t, p)
 	require.Equal(t, recovery.OutcomeTakeover, outcome)
 	require.Zero(t, taken.NotBefore, "the takeover clears the deferral")
-	require.Zero(t, taken.Attempts)
+	require.Equal(t, 1, taken.Attempts, "a released lease is not counted again")
 	require.Zero(t, b.load(t, key).NotBefore)
 }
 

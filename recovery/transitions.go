@@ -135,8 +135,9 @@ func (s *Store) handBack(ctx context.Context, f Fence, cause string) error {
 	return s.fenced("hand back", f, tag, err)
 }
 
-// handBackFor hands the lease back like handBack, without counting an
-// attempt, and defers the record: no claim, Resume or completer takes it
+// handBackFor releases the lease like Release, counting an attempt (so
+// that MaxAttempts bounds a downstream that defers for ever), and defers
+// the record: no claim, Resume or completer takes it
 // over until after (at most MaxDefer) has passed by the database clock. A
 // claim meanwhile gets an *InFlightError with the time left. It returns
 // that time (Record.NotBefore).

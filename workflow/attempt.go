@@ -583,8 +583,9 @@ func (a *attempt[Req, State]) rejectable() bool {
 // retry can take over at once. A failure counts as an attempt, and the
 // MaxAttempts-th fails the key terminally; a caller that went away does
 // not count. An error marked phase.Permanent fails the key terminally at
-// once; a *phase.DeferError hands the lease back without counting, and no
-// takeover may follow before its After has passed. A lost lease releases
+// once; a *phase.DeferError releases the lease (it counts, so that
+// MaxAttempts bounds a downstream that defers for ever), and no takeover
+// may follow before its After has passed. A lost lease releases
 // nothing: the key is someone else's.
 func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause error) (*Result, error) {
 	a.rollback()
@@ -623,10 +624,10 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 		return a.failTerminally(cleanupCtx, rec.Fence(), rec.Attempts+1, cause)
 	case a.wentAway(ctx):
 		err = seam.StoreOf(a.e.store).HandBack(cleanupCtx, rec.Fence(), stepErr.Error())
-	case isDeferred:
-		err = a.deferKey(ctx, cleanupCtx, rec, step, deferred, stepErr)
 	case a.e.maxAttempts > 0 && rec.Attempts+1 >= a.e.maxAttempts:
 		return a.failTerminally(cleanupCtx, rec.Fence(), rec.Attempts+1, cause)
+	case isDeferred:
+		err = a.deferKey(ctx, cleanupCtx, rec, step, deferred, stepErr)
 	default:
 		err = a.e.store.Release(cleanupCtx, rec.Fence(), stepErr.Error())
 	}
@@ -636,8 +637,7 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 	return nil, stepErr
 }
 
-// deferKey hands rec's lease back without counting an attempt, deferred
-// as d asks (at most recovery.MaxDefer): no claim, Resume or completer
+// deferKey releases rec's lease, counting an attempt, deferred as d asks (at most recovery.MaxDefer): no claim, Resume or completer
 // takes the record over before then.
 func (a *attempt[Req, State]) deferKey(ctx, cleanupCtx context.Context, rec *recovery.Record, step string,
 	d *phase.DeferError, stepErr *StepError) error {

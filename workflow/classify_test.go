@@ -68,6 +68,8 @@ type deferring struct {
 	mu    sync.Mutex
 	keys  []string // the derived key of each call of charge
 	after time.Duration
+	// always: every call defers, not only the first (set before a run).
+	always bool
 }
 
 func (w *world) deferring(after time.Duration) *deferring {
@@ -81,7 +83,7 @@ func (w *world) deferring(after time.Duration) *deferring {
 		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Order, Paid]) error {
 			d.mu.Lock()
 			d.keys = append(d.keys, c.Key)
-			first := len(d.keys) == 1
+			first := len(d.keys) == 1 || d.always
 			d.mu.Unlock()
 			if first {
 				return phase.Defer(d.after, errors.New("provider answered 429, Retry-After: 90"))
@@ -119,7 +121,7 @@ func requireDeferredFor(t *testing.T, err error, after time.Duration, start time
 }
 
 // TestDeferredKeyWaitsUntilNotBefore: a step that returns phase.Defer hands
-// the key back with a not-before time, without counting an attempt; until
+// the key back with a not-before time, counting an attempt; until
 // then a client's retry and Engine.Resume get ErrInFlight with the time
 // left, and nothing runs. Once the time has passed, a retry takes the
 // record over and finishes it, calling the provider with the derived key
@@ -128,7 +130,7 @@ func TestDeferredKeyWaitsUntilNotBefore(t *testing.T) {
 	w := newWorld(t)
 	const after = 90 * time.Second
 	d := w.deferring(after)
-	e := w.engine(workflow.Config{MaxAttempts: 1, Workflows: []workflow.Definition{d.wf}})
+	e := w.engine(workflow.Config{MaxAttempts: 2, Workflows: []workflow.Definition{d.wf}})
 	start := time.Now()
 	_, err := d.wf.Run(w.ctx, e, acme, order)
 	var deferErr *phase.DeferError
@@ -137,10 +139,10 @@ func TestDeferredKeyWaitsUntilNotBefore(t *testing.T) {
 
 	rec, err := e.Store().Load(w.ctx, acme)
 	require.NoError(t, err)
-	require.Equal(t, recovery.StatusInFlight, rec.Status, "MaxAttempts 1 does not end a deferral")
+	require.Equal(t, recovery.StatusInFlight, rec.Status)
 	require.True(t, rec.Released)
 	require.False(t, rec.NotBefore.IsZero())
-	require.Zero(t, rec.Attempts, "a deferral is not an attempt")
+	require.Equal(t, 1, rec.Attempts, "a deferral counts, so that MaxAttempts bounds a downstream that defers for ever")
 	require.Equal(t, "create_order", rec.RecoveryPoint)
 	require.Contains(t, rec.LastError, "deferred for 1m30s")
 
@@ -165,5 +167,26 @@ func TestDeferredKeyWaitsUntilNotBefore(t *testing.T) {
 	rec, err = e.Store().Load(w.ctx, acme)
 	require.NoError(t, err)
 	require.Equal(t, recovery.StatusCompleted, rec.Status)
-	require.Zero(t, rec.Attempts)
+	require.Equal(t, 1, rec.Attempts)
+}
+
+// TestDeferralsAreBoundedByMaxAttempts: a downstream that asks to be left
+// alone on every call does not keep a key for ever: the MaxAttempts-th
+// deferral fails the key terminally, with nothing deferred.
+func TestDeferralsAreBoundedByMaxAttempts(t *testing.T) {
+	w := newWorld(t)
+	d := w.deferring(90 * time.Second)
+	e := w.engine(workflow.Config{MaxAttempts: 2, Workflows: []workflow.Definition{d.wf}})
+	_, err := d.wf.Run(w.ctx, e, acme, order)
+	var deferErr *phase.DeferError
+	require.ErrorAs(t, err, &deferErr)
+	_, err = w.db.Exec(w.ctx, `UPDATE onceflow_keys SET not_before = clock_timestamp() - interval '1 millisecond'`)
+	require.NoError(t, err)
+	d.mu.Lock()
+	d.always = true
+	d.mu.Unlock()
+	res, err := d.wf.Run(w.ctx, e, acme, order)
+	require.NoError(t, err)
+	require.True(t, res.Failed, "the second deferral is the last attempt")
+	require.Equal(t, 500, res.Response.Status)
 }
