@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -51,9 +52,11 @@ type Option interface {
 // system asked for it (Retry-After), the step returns phase.Defer instead,
 // and the engine hands the key back until then; a backoff alone is cut to
 // that third. After Max tries the last error is the step's, and the
-// attempt fails as any attempt does (it counts against MaxAttempts).
+// attempt fails as any attempt does (it counts against MaxAttempts),
+// unless it asked for more than that third: the step defers then too.
 //
-// Without a Retry option a Mutation tries once per attempt.
+// Without a Retry option a Mutation tries once per attempt (and defers as
+// above when that try's answer asks for a long Retry-After).
 type Retry struct {
 	// Max is how many tries one attempt makes, the first included. 0 means
 	// RetryMaxDefault; 1 means no retry. At most RetryMaxLimit.
@@ -180,19 +183,27 @@ func retryable(ctx context.Context, err error) bool {
 // its wait.
 func (o *options) run(ctx context.Context, lease time.Duration, retried func(try int, err error, wait time.Duration),
 	try func(ctx context.Context) error) error {
+	limit := time.Duration(math.MaxInt64) // the longest wait that holds the key: none known without a lease
+	if lease > 0 {
+		limit = lease / 3
+	}
 	for n := 1; ; n++ {
 		err := o.once(ctx, try)
-		if err == nil || n >= o.retry.Max || !retryable(ctx, err) {
+		if err == nil || !retryable(ctx, err) {
 			return err
 		}
-		backoff, asked := o.backoff(n), retryAfter(err)
-		if lease > 0 {
-			backoff = min(backoff, lease/3)
+		// The other system's Retry-After beyond the limit defers, on the
+		// last try too: failing instead would hand the key back for an
+		// at-once takeover that calls again long before the time asked.
+		asked := retryAfter(err)
+		if asked > limit {
+			return phase.Defer(asked, err)
 		}
+		if n >= o.retry.Max {
+			return err
+		}
+		backoff := o.backoff(n, limit)
 		wait := max(backoff, asked)
-		if lease > 0 && wait > lease/3 {
-			return phase.Defer(wait, err) // only a Retry-After gets here
-		}
 		if retried != nil {
 			retried(n, err, wait)
 		}
@@ -212,11 +223,13 @@ func (o *options) once(ctx context.Context, try func(ctx context.Context) error)
 	return try(ctx)
 }
 
-// backoff is the wait after the n-th try failed, jittered if so asked.
-func (o *options) backoff(n int) time.Duration {
-	wait := o.retry.backoff(n)
+// backoff is the wait after the n-th try failed, at most limit, jittered
+// if so asked: drawn below the wait that is slept, so that a Cap beyond
+// limit does not turn nearly every draw into limit.
+func (o *options) backoff(n int, limit time.Duration) time.Duration {
+	wait := min(o.retry.backoff(n), limit)
 	if o.retry.Jitter {
-		wait = rand.N(wait + 1)
+		wait = time.Duration(rand.N(uint64(wait) + 1)) // uint64: no overflow at math.MaxInt64
 	}
 	return wait
 }

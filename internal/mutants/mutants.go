@@ -370,6 +370,21 @@ var mutants = []Mutant{
 		Pkg: "./foreign", Run: "^TestRetryHonoursRetryAfter$",
 	},
 	{
+		Name:   "last-try-retry-after-dropped",
+		Breaks: "the last try's long Retry-After fails the attempt instead of deferring, and a takeover calls again at once",
+		Edits: []Edit{{File: "foreign/retry.go",
+			Old: "\t\tif asked > limit {\n", New: "\t\tif asked > limit && n < o.retry.Max {\n"}},
+		Pkg: "./foreign", Run: "^TestRetryLastTryRetryAfterDefers$",
+	},
+	{
+		Name:   "jitter-drawn-before-the-cut",
+		Breaks: "jitter is drawn over a Cap beyond a third of the lease and then cut, so nearly every wait is that third",
+		Edits: []Edit{{File: "foreign/retry.go",
+			Old: "wait := min(o.retry.backoff(n), limit)", New: "wait := o.retry.backoff(n)"},
+			{File: "foreign/retry.go", Old: "\treturn wait\n}", New: "\treturn min(wait, limit)\n}"}},
+		Pkg: "./foreign", Run: "^TestRetryJitterIsDrawnWithinTheLease$",
+	},
+	{
 		Name:   "no-per-try-timeout",
 		Breaks: "Timeout bounds nothing: a hung try holds the step until the attempt ends",
 		Edits: []Edit{{File: "foreign/retry.go",

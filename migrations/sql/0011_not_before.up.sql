@@ -3,7 +3,9 @@
 -- with a time before which nothing may take it over. not_before holds that
 -- time by the database clock; NULL means none. It is set only together
 -- with a released lease ('-infinity'), so the record holds no lease while
--- it waits, and it does not count as an attempt.
+-- it waits. The hand-back that sets it counts an attempt (so that
+-- MaxAttempts bounds a downstream that defers for ever); the takeover after
+-- it, of a released lease, counts none.
 --
 -- The takeover rule refuses a record whose not_before is still ahead: a
 -- claim returns the record untouched (the caller answers ErrInFlight, with
