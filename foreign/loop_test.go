@@ -14,10 +14,10 @@ import (
 )
 
 // tries runs a Mutation of fn with opts once, as the engine runs a foreign
-// step, under lease, and returns its error, the calls made, the waits
-// slept and the retries reported.
+// step, under lease, and returns the calls made, the waits
+// slept, the retries reported and its error.
 func tries(t *testing.T, ctx context.Context, lease time.Duration, fn func(ctx context.Context, call int) error,
-	opts ...foreign.Option) (err error, calls int, slept, reported []time.Duration) {
+	opts ...foreign.Option) (calls int, slept, reported []time.Duration, err error) {
 	t.Helper()
 	w := &waits{}
 	step := foreign.Mutation("call", func(ctx context.Context, _ *foreign.Call[int, int]) error {
@@ -30,7 +30,7 @@ func tries(t *testing.T, ctx context.Context, lease time.Duration, fn func(ctx c
 		reported = append(reported, wait)
 	}}
 	err = seam.StepOf(step).RunForeign(ctx, run)
-	return err, calls, w.all(), reported
+	return calls, w.all(), reported, err
 }
 
 var errBusy = errors.New("busy")
@@ -41,13 +41,13 @@ func failing(context.Context, int) error { return errBusy }
 // reported with the wait slept. (Mutation caught: defaults not filled.)
 func TestRetryDefaults(t *testing.T) {
 	t.Parallel()
-	err, calls, slept, reported := tries(t, context.Background(), time.Minute, failing, foreign.Retry{})
+	calls, slept, reported, err := tries(t, context.Background(), time.Minute, failing, foreign.Retry{})
 	require.ErrorIs(t, err, errBusy)
 	require.Equal(t, foreign.RetryMaxDefault, calls)
 	require.Equal(t, []time.Duration{foreign.RetryBaseDefault, 2 * foreign.RetryBaseDefault}, slept)
 	require.Equal(t, slept, reported)
 
-	err, calls, _, _ = tries(t, context.Background(), time.Minute, failing)
+	calls, _, _, err = tries(t, context.Background(), time.Minute, failing)
 	require.ErrorIs(t, err, errBusy)
 	require.Equal(t, 1, calls, "without Retry, one try")
 }
@@ -57,7 +57,7 @@ func TestRetryDefaults(t *testing.T) {
 // (Mutation caught: Jitter ignored.)
 func TestRetryJitterIsFull(t *testing.T) {
 	t.Parallel()
-	_, calls, slept, _ := tries(t, context.Background(), time.Minute, failing,
+	calls, slept, _, _ := tries(t, context.Background(), time.Minute, failing,
 		foreign.Retry{Max: foreign.RetryMaxLimit, Base: time.Millisecond, Cap: time.Millisecond, Jitter: true})
 	require.Equal(t, foreign.RetryMaxLimit, calls)
 	require.Len(t, slept, foreign.RetryMaxLimit-1)
@@ -78,14 +78,14 @@ func TestRetryJitterIsFull(t *testing.T) {
 // (Mutation caught: backoff not cut to the lease.)
 func TestRetryBackoffStaysWithinTheLease(t *testing.T) {
 	t.Parallel()
-	err, calls, slept, _ := tries(t, context.Background(), 30*time.Second, failing,
+	calls, slept, _, err := tries(t, context.Background(), 30*time.Second, failing,
 		foreign.Retry{Max: 2, Base: 20 * time.Second})
 	require.ErrorIs(t, err, errBusy)
 	require.Equal(t, 2, calls)
 	require.Equal(t, []time.Duration{10 * time.Second}, slept)
 
 	asksAnHour := func(context.Context, int) error { return &foreign.HTTPError{Status: 503, RetryAfter: time.Hour} }
-	_, _, slept, _ = tries(t, context.Background(), 0, asksAnHour, foreign.Retry{Max: 2})
+	_, slept, _, _ = tries(t, context.Background(), 0, asksAnHour, foreign.Retry{Max: 2})
 	require.Equal(t, []time.Duration{time.Hour}, slept)
 }
 
@@ -95,7 +95,7 @@ func TestRetryBackoffStaysWithinTheLease(t *testing.T) {
 func TestRetryStopsWhenTheAttemptEnds(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
-	err, calls, _, _ := tries(t, ctx, time.Minute, failing,
+	calls, _, _, err := tries(t, ctx, time.Minute, failing,
 		foreign.Retry{Max: 3}, foreign.WithSleep(func(ctx context.Context, _ time.Duration) error {
 			cancel()
 			return ctx.Err()
@@ -105,7 +105,7 @@ func TestRetryStopsWhenTheAttemptEnds(t *testing.T) {
 	require.Equal(t, 1, calls)
 
 	ctx, cancel = context.WithCancel(context.Background())
-	err, calls, slept, _ := tries(t, ctx, time.Minute, func(ctx context.Context, _ int) error {
+	calls, slept, _, err := tries(t, ctx, time.Minute, func(ctx context.Context, _ int) error {
 		cancel()
 		return ctx.Err()
 	}, foreign.Retry{Max: 3})
@@ -140,7 +140,7 @@ func TestTimeoutIsPerTry(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a bound, if each try's is not
 	defer cancel()
-	err, calls, _, _ := tries(t, ctx, time.Minute, func(ctx context.Context, call int) error {
+	calls, _, _, err := tries(t, ctx, time.Minute, func(ctx context.Context, call int) error {
 		if call == 1 {
 			<-ctx.Done()
 			return ctx.Err()

@@ -28,14 +28,14 @@ func TestRetryLastTryRetryAfterDefers(t *testing.T) {
 		}
 		return asksAnHour
 	}
-	err, calls, _, _ := tries(t, context.Background(), 30*time.Second, busyThenAsks, foreign.Retry{Max: 2, Base: time.Millisecond})
+	calls, _, _, err := tries(t, context.Background(), 30*time.Second, busyThenAsks, foreign.Retry{Max: 2, Base: time.Millisecond})
 	var deferred *phase.DeferError
 	require.ErrorAs(t, err, &deferred)
 	require.Equal(t, time.Hour, deferred.After)
 	require.ErrorIs(t, err, asksAnHour)
 	require.Equal(t, 2, calls)
 
-	err, calls, _, _ = tries(t, context.Background(), 30*time.Second,
+	calls, _, _, err = tries(t, context.Background(), 30*time.Second,
 		func(context.Context, int) error { return asksAnHour })
 	require.ErrorAs(t, err, &deferred, "without Retry, the one try's Retry-After defers too")
 	require.Equal(t, 1, calls)
@@ -43,9 +43,9 @@ func TestRetryLastTryRetryAfterDefers(t *testing.T) {
 	// A short Retry-After on the last try is an ordinary failure, and with
 	// no lease known nothing defers.
 	asksASecond := &foreign.HTTPError{Status: 503, RetryAfter: time.Second}
-	err, _, _, _ = tries(t, context.Background(), 30*time.Second, func(context.Context, int) error { return asksASecond })
+	_, _, _, err = tries(t, context.Background(), 30*time.Second, func(context.Context, int) error { return asksASecond })
 	require.False(t, errorsAsDefer(err))
-	err, _, _, _ = tries(t, context.Background(), 0, func(context.Context, int) error { return asksAnHour })
+	_, _, _, err = tries(t, context.Background(), 0, func(context.Context, int) error { return asksAnHour })
 	require.False(t, errorsAsDefer(err))
 }
 
@@ -62,7 +62,7 @@ func errorsAsDefer(err error) bool {
 // all but about once in 360000.)
 func TestRetryJitterIsDrawnWithinTheLease(t *testing.T) {
 	t.Parallel()
-	_, calls, slept, _ := tries(t, context.Background(), 30*time.Millisecond, failing,
+	calls, slept, _, _ := tries(t, context.Background(), 30*time.Millisecond, failing,
 		foreign.Retry{Max: foreign.RetryMaxLimit, Base: time.Hour, Jitter: true})
 	require.Equal(t, foreign.RetryMaxLimit, calls)
 	atCut := 0
@@ -82,7 +82,7 @@ func TestRetryJitterOfTheLongestBackoff(t *testing.T) {
 	t.Parallel()
 	for _, lease := range []time.Duration{0, time.Minute} {
 		require.NotPanics(t, func() {
-			err, calls, slept, _ := tries(t, context.Background(), lease, failing,
+			calls, slept, _, err := tries(t, context.Background(), lease, failing,
 				foreign.Retry{Max: 2, Base: math.MaxInt64, Jitter: true})
 			require.ErrorIs(t, err, errBusy)
 			require.Equal(t, 2, calls)
