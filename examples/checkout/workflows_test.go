@@ -12,10 +12,12 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
 
@@ -53,13 +55,30 @@ func TestDeployCheck(t *testing.T) {
 		return path
 	}
 
+	// Every checkout finished: production needs no definition yet.
 	prod, code := run(onceflowBinary, "workflows", "export")
 	require.Zero(t, code, prod)
+	require.Equal(t, "[]\n", prod)
 	build, code := run(binary, "workflows", "export")
 	require.Zero(t, code, build)
 	var prodSpecs, buildSpecs []workflow.Spec
-	require.NoError(t, json.Unmarshal([]byte(prod), &prodSpecs))
 	require.NoError(t, json.Unmarshal([]byte(build), &buildSpecs))
+
+	// A checkout this build left in flight (a claim with its definition, as
+	// a process that died after claiming leaves one).
+	pool, err := pgxpool.New(context.Background(), e.dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	store, err := recovery.New(pool, recovery.Config{})
+	require.NoError(t, err)
+	fp, canonical, err := recovery.FingerprintJSON("checkout", []byte(`{}`))
+	require.NoError(t, err)
+	_, _, err = store.Claim(context.Background(), recovery.ClaimParams{Key: recovery.Key{Tenant: "acme", ID: "in-flight"},
+		Workflow: "checkout", Fingerprint: fp, Request: canonical, Definition: buildSpecs[0].Fingerprint})
+	require.NoError(t, err)
+	prod, code = run(onceflowBinary, "workflows", "export")
+	require.Zero(t, code, prod)
+	require.NoError(t, json.Unmarshal([]byte(prod), &prodSpecs))
 	require.Equal(t, buildSpecs, prodSpecs, "the database holds the definition this build ran")
 	require.Equal(t, []string{"create_order", "charge", "record_charge"}, stepNames(buildSpecs[0]))
 
