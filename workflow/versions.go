@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/recovery"
 )
 
 // fingerprintLength is how many bytes of SHA-256 a definition's fingerprint
@@ -97,7 +98,7 @@ func Removed(step string) Change { return Change{removed: step} }
 // defined, before it runs.
 func (w *Workflow[Req, State]) Version(version string) *Workflow[Req, State] {
 	if version != "" {
-		if err := checkDefinitionName("version", version); err != nil {
+		if err := checkVersion(version); err != nil {
 			panic(fmt.Errorf("workflow %s: %w", w.name, err))
 		}
 	}
@@ -393,11 +394,15 @@ func stepNames(steps []StepInfo) []string {
 	return names
 }
 
-// checkDefinitionName applies the input rules of names to a definition's
-// version label.
-func checkDefinitionName(field, v string) error {
-	if strings.TrimSpace(v) != v || v == "" || len(v) > 64 {
-		return fmt.Errorf("%w: %s %q must be 1 to 64 bytes without surrounding spaces", ErrInvalidInput, field, v)
+// checkVersion applies the input rules of every stored name to a version
+// label, and refuses surrounding spaces, which an operator typing
+// --as would not see.
+func checkVersion(v string) error {
+	if err := recovery.CheckName("version", v); err != nil {
+		return err
+	}
+	if strings.TrimSpace(v) != v {
+		return &recovery.InputError{Field: "version", Problem: fmt.Sprintf("%q has surrounding spaces", v)}
 	}
 	return nil
 }
