@@ -26,7 +26,8 @@ const (
 	RetryCapDefault = 10 * time.Second
 )
 
-// Option configures a Mutation: a Retry policy, or a Timeout per try.
+// Option configures a Mutation: a Retry policy, a Timeout per try, or a
+// compensation (Compensate).
 type Option interface {
 	apply(o *options)
 }
@@ -126,6 +127,7 @@ func (t timeoutOption) apply(o *options) { o.timeout = time.Duration(t) }
 type options struct {
 	retry   Retry         // with its defaults filled in
 	timeout time.Duration // 0: none
+	undo    any           // a compensation[Req, State], or nil
 	// sleep waits d or until ctx ends; tests replace it (export_test.go).
 	sleep func(ctx context.Context, d time.Duration) error
 }

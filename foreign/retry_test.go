@@ -90,15 +90,13 @@ func (w *waits) all() []time.Duration {
 // seen is an Observer and a log handler: it keeps the retries the engine
 // reports, the steps' errors, and the retry log lines.
 type seen struct {
+	workflow.NopObserver
 	mu       sync.Mutex
 	retries  map[string]int   // workflow + " " + step
 	stepErrs map[string]error // step -> its last error
 	logged   []slog.Record    // retry lines
 }
 
-func (s *seen) Claimed(string, string) {}
-func (s *seen) LeaseLost(string)       {}
-func (s *seen) Parked(string)          {}
 func (s *seen) StepFinished(_, step string, _ time.Duration, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

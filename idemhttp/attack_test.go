@@ -23,6 +23,7 @@ import (
 	"github.com/onceflow/onceflow/idemhttp"
 	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/recovery"
+	"github.com/onceflow/onceflow/workflow"
 )
 
 // The attack suite: each test is one way an attacker got at a response or a
@@ -408,6 +409,7 @@ func (b *syncBuffer) String() string {
 
 // operations records the operation names an Observer hears.
 type operations struct {
+	workflow.NopObserver
 	mu    sync.Mutex
 	names map[string]bool
 }
@@ -417,10 +419,6 @@ func (o *operations) Claimed(workflow, _ string) {
 	defer o.mu.Unlock()
 	o.names[workflow] = true
 }
-func (o *operations) StepFinished(string, string, time.Duration, error) {}
-func (o *operations) LeaseLost(string)                                  {}
-func (o *operations) StepRetried(string, string)                        {}
-func (o *operations) Parked(string)                                     {}
 
 // TestAttackRandomPathsMakeOneOperation: where no route pattern matched,
 // the operation was the raw path, so 500 random paths made 500 metric

@@ -32,6 +32,8 @@ type Metrics struct {
 	parked      *prometheus.CounterVec
 	steps       *prometheus.HistogramVec
 	retries     *prometheus.CounterVec
+	deferrals   *prometheus.CounterVec
+	undone      *prometheus.CounterVec
 	resumes     *prometheus.CounterVec
 	pruned      *prometheus.CounterVec
 	outbox      *prometheus.CounterVec
@@ -68,6 +70,14 @@ func New() *Metrics {
 			Name: "onceflow_step_retries_total",
 			Help: "Calls that steps retried within an attempt (foreign.Retry), one per retry.",
 		}, []string{"workflow", "step"}),
+		deferrals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_step_deferrals_total",
+			Help: "Attempts that handed their key back until a time the other system asked for (Retry-After).",
+		}, []string{"workflow", "step"}),
+		undone: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_compensations_total",
+			Help: "Compensation calls, by result: ok (the step's effect is undone) or error.",
+		}, []string{"workflow", "step", "result"}),
 		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_resumes_total",
 			Help: "Abandoned records the completer resumed, by result (ok or error).",
@@ -110,7 +120,7 @@ func New() *Metrics {
 // Collectors returns onceflow's collectors, to register with a registry of
 // your own.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.claims, m.leaseLost, m.parked, m.steps, m.retries, m.resumes, m.pruned, m.outbox, m.abandoned,
+	return []prometheus.Collector{m.claims, m.leaseLost, m.parked, m.steps, m.retries, m.deferrals, m.undone, m.resumes, m.pruned, m.outbox, m.abandoned,
 		m.parkedNow, m.oldest, m.taskRuns, m.taskSeconds}
 }
 
@@ -141,6 +151,16 @@ func (m *Metrics) StepFinished(workflow, step string, took time.Duration, err er
 
 // StepRetried counts a retry within a step (workflow.Observer).
 func (m *Metrics) StepRetried(workflow, step string) { m.retries.WithLabelValues(workflow, step).Inc() }
+
+// StepDeferred counts a deferral (workflow.Observer).
+func (m *Metrics) StepDeferred(workflow, step string) {
+	m.deferrals.WithLabelValues(workflow, step).Inc()
+}
+
+// Compensated counts a compensation call (workflow.Observer).
+func (m *Metrics) Compensated(workflow, step string, err error) {
+	m.undone.WithLabelValues(workflow, step, result(err)).Inc()
+}
 
 // LeaseLost counts a lost lease (workflow.Observer).
 func (m *Metrics) LeaseLost(workflow string) { m.leaseLost.WithLabelValues(workflow).Inc() }

@@ -31,3 +31,9 @@ func (e engineStep[Req, State]) RunAtomic(ctx context.Context, tx pgx.Tx, r *Run
 func (e engineStep[Req, State]) RunForeign(ctx context.Context, r *Run[Req, State]) error {
 	return Step[Req, State](e).runForeign(ctx, r)
 }
+
+func (e engineStep[Req, State]) Compensable() bool { return Step[Req, State](e).Compensable() }
+
+func (e engineStep[Req, State]) RunCompensation(ctx context.Context, r *Run[Req, State]) error {
+	return Step[Req, State](e).runCompensation(ctx, r)
+}

@@ -100,6 +100,7 @@ type Step[Req, State any] struct {
 	kind    Kind
 	atomic  AtomicFunc[Req, State]
 	foreign ForeignFunc[Req, State]
+	undo    ForeignFunc[Req, State]
 }
 
 // Atomic declares an atomic phase: fn's writes in tx commit together with
@@ -115,6 +116,21 @@ func Foreign[Req, State any](name string, fn ForeignFunc[Req, State]) Step[Req, 
 	return Step[Req, State]{name: name, kind: KindForeign, foreign: fn}
 }
 
+// Compensate returns the step with fn as its compensation: the call that
+// undoes what the step did, for a workflow that fails terminally before its
+// point of no return (see workflow.Abort). Only a foreign step has one. The
+// engine runs it as a durable step of its own: it may run more than once,
+// so it must be idempotent, and it must treat "nothing to undo" as done.
+// Most code uses foreign.Compensate, which hands fn a downstream key of its
+// own.
+func (s Step[Req, State]) Compensate(fn ForeignFunc[Req, State]) Step[Req, State] {
+	s.undo = fn
+	return s
+}
+
+// Compensable reports whether the step has a compensation.
+func (s Step[Req, State]) Compensable() bool { return s.undo != nil }
+
 // Name returns the step's name, which is also its recovery point.
 func (s Step[Req, State]) Name() string { return s.name }
 
@@ -128,6 +144,9 @@ func (s Step[Req, State]) valid() error {
 	}
 	if (s.kind == KindAtomic && s.atomic == nil) || (s.kind == KindForeign && s.foreign == nil) || s.kind == 0 {
 		return fmt.Errorf("step %q has no function", s.name)
+	}
+	if s.undo != nil && s.kind != KindForeign {
+		return fmt.Errorf("step %q is %v: only a foreign step has a compensation", s.name, s.kind)
 	}
 	return nil
 }
@@ -146,6 +165,14 @@ func (s Step[Req, State]) runForeign(ctx context.Context, r *Run[Req, State]) (e
 	defer recoverPanic(s.name, &err)
 	r.Step = s.name
 	return s.foreign(ctx, r)
+}
+
+// runCompensation runs a foreign step's compensation. A panic in it is
+// returned as a *PanicError.
+func (s Step[Req, State]) runCompensation(ctx context.Context, r *Run[Req, State]) (err error) {
+	defer recoverPanic(s.name+" (compensation)", &err)
+	r.Step = s.name
+	return s.undo(ctx, r)
 }
 
 // PanicError is a panic recovered from a step, with the stack where it

@@ -69,3 +69,11 @@ func (e *engineStore) Restamp(ctx context.Context, f Fence, definition, recovery
 func (e *engineStore) SaveDefinition(ctx context.Context, d StoredDefinition) error {
 	return e.store().saveDefinition(ctx, d)
 }
+
+func (e *engineStore) Compensate(ctx context.Context, f Fence, undo []string, resp Response, state []byte, cause string) error {
+	return e.store().compensate(ctx, f, undo, resp, state, cause)
+}
+
+func (e *engineStore) Undone(ctx context.Context, f Fence, step string, state []byte) (bool, error) {
+	return e.store().undone(ctx, f, step, state)
+}

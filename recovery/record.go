@@ -26,6 +26,10 @@ const (
 	// point). Nothing runs it until an operator releases, resumes or fails
 	// it; LastError says why it was parked.
 	StatusParked Status = "parked"
+	// StatusCompensated: the work failed terminally before its point of no
+	// return, and the compensations of its started foreign steps all ran
+	// (migration 0012); the failure response is stored.
+	StatusCompensated Status = "compensated"
 )
 
 // Record is one idempotency key's row.
@@ -73,6 +77,12 @@ type Record struct {
 	// and each takeover of a lease that expired because its holder stopped.
 	Attempts  int
 	LastError string
+	// Undo lists the steps whose compensations are still to run, in the
+	// order they run: non-empty while a record in flight is compensating
+	// (its Response is then the failure it will answer), and what was left
+	// when a compensation failed for good. Starting to compensate resets
+	// Attempts: the compensations get MaxAttempts attempts of their own.
+	Undo []string
 	// Response is the stored response; nil while in flight.
 	Response  *Response
 	CreatedAt time.Time
@@ -86,9 +96,15 @@ type Record struct {
 // the claim must present.
 func (r *Record) Fence() Fence { return Fence{Key: r.Key, Owner: r.Owner} }
 
-// Finished reports whether the record is completed or failed terminally:
-// its response is stored. A parked record is not finished.
-func (r *Record) Finished() bool { return r.Status == StatusCompleted || r.Status == StatusFailed }
+// Finished reports whether the record is completed, failed terminally or
+// compensated: its response is stored. A parked record is not finished.
+func (r *Record) Finished() bool {
+	return r.Status == StatusCompleted || r.Status == StatusFailed || r.Status == StatusCompensated
+}
+
+// Compensating reports a record in flight whose compensations are running
+// (see Undo).
+func (r *Record) Compensating() bool { return r.Status == StatusInFlight && len(r.Undo) > 0 }
 
 // Fence is what a write must present to change a record: the key and the
 // owner token its claim returned.
@@ -112,7 +128,7 @@ type Response struct {
 // in the order scanRecord reads them.
 const recordColumns = `tenant_id, key, id, workflow, request_hash, request, owner, status,
 	recovery_point, state, locked_until, attempts, last_error,
-	response_status, response_body, response_header, created_at, updated_at, completed_at, definition, resume_as, not_before`
+	response_status, response_body, response_header, created_at, updated_at, completed_at, definition, resume_as, not_before, undo`
 
 // scanRecord reads recordColumns, then extra columns into extra.
 func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
@@ -134,7 +150,7 @@ func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
 	dest := append([]any{
 		&r.Key.Tenant, &r.Key.ID, &r.ID, &r.Workflow, &hash, &r.Request, &r.Owner, &status,
 		&recoveryPoint, &r.State, &lockedUntil, &r.Attempts, &lastError,
-		&responseStatus, &responseBody, &responseHeader, &r.CreatedAt, &r.UpdatedAt, &completedAt, &definition, &resumeAs, &notBefore,
+		&responseStatus, &responseBody, &responseHeader, &r.CreatedAt, &r.UpdatedAt, &completedAt, &definition, &resumeAs, &notBefore, &r.Undo,
 	}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return nil, err

@@ -151,6 +151,27 @@ WHERE ($1 = '' OR workflow = $1) AND ($2 = '' OR fingerprint = $2)
                          AND (k.definition = d.fingerprint OR k.resume_as = d.fingerprint)))
 ORDER BY workflow, created_at, fingerprint`
 
+	// compensateSQL starts compensating: $4 the steps to undo, in order,
+	// $5-$7 the response the key will answer once they are undone, $8 the
+	// state, $9 the cause, kept as the last error. The lease is renewed,
+	// and attempts start again from zero: the compensations get their own.
+	compensateSQL = `UPDATE {keys} SET undo = $4::text[],
+    response_status = $5, response_body = $6, response_header = $7::jsonb,
+    state = $8::json, last_error = $9, attempts = 0,
+    locked_until = clock_timestamp() + $10::bigint * interval '1 microsecond', updated_at = clock_timestamp()
+WHERE ` + fence + ` AND undo IS NULL`
+
+	// undoneSQL commits the compensation of step $4, the head of the list,
+	// with state $5 and removes it from the list; the last one finishes the
+	// record as compensated. It returns whether it did.
+	undoneSQL = `UPDATE {keys} SET undo = undo[2:], state = $5::json, updated_at = clock_timestamp(),
+    status = CASE WHEN cardinality(undo) = 1 THEN 'compensated' ELSE status END,
+    locked_until = CASE WHEN cardinality(undo) = 1 THEN NULL
+        ELSE clock_timestamp() + $6::bigint * interval '1 microsecond' END,
+    completed_at = CASE WHEN cardinality(undo) = 1 THEN clock_timestamp() END
+WHERE ` + fence + ` AND undo[1] = $4
+RETURNING status = 'compensated'`
+
 	deleteUnstartedSQL = `DELETE FROM {keys} WHERE ` + fence + ` AND recovery_point IS NULL`
 
 	// listSQL filters records for operators: $1 tenant, $2 status, $3
@@ -175,6 +196,7 @@ type queries struct {
 	advanceOrFail, finishOrFail                                                                     string
 	releaseLeaseOver, finishLeaseOver, handBackFor                                                  string
 	park, restamp, unpark, saveDefinition, definitions                                              string
+	compensate, undone                                                                              string
 }
 
 func newQueries(schema string) *queries {
@@ -205,5 +227,7 @@ func newQueries(schema string) *queries {
 		unpark:         expand(unparkSQL),
 		saveDefinition: expand(saveDefinitionSQL),
 		definitions:    expand(definitionsSQL),
+		compensate:     expand(compensateSQL),
+		undone:         expand(undoneSQL),
 	}
 }

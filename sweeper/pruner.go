@@ -186,11 +186,11 @@ func (p *Pruner) Name() string { return "pruner" }
 const pruneKeysSQL = `
 DELETE FROM {schema}.onceflow_keys WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM {schema}.onceflow_keys
-    WHERE status IN ('completed', 'failed') AND completed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
+    WHERE status IN ('completed', 'failed', 'compensated') AND completed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
     ORDER BY completed_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-)) AND status IN ('completed', 'failed')`
+)) AND status IN ('completed', 'failed', 'compensated')`
 
 // pruneOutboxSQL deletes a batch of messages delivered before the
 // retention. A delivered message never changes again.

@@ -53,6 +53,7 @@ type attempt[Req, State any] struct {
 	heldStep  atomic.Pointer[string] // the step the keeper holds the lease for
 	run       phase.Run[Req, State]
 	next      int  // index of the next step to run
+	placed    bool // next is set: the claim found where the record is
 	claimOpen bool // the claim is uncommitted, in the open transaction
 	committed bool // a recovery point exists
 	// acted: this attempt did something a rollback cannot undo (started a
@@ -141,14 +142,21 @@ func (a *attempt[Req, State]) execute(ctx context.Context) (res *Result, err err
 		return res, err
 	}
 	a.keepLease(ctx, a.claimSent)
-	if a.tx != nil && a.next != a.start {
+	if a.tx != nil && (a.next != a.start || a.rec.Compensating()) {
 		// The record moved on since the guess: commit the takeover alone.
 		if err := a.commit(ctx); err != nil {
 			return a.failed(ctx, "", err)
 		}
 	}
-	if a.outcome == recovery.OutcomeTakeover && a.e.maxAttempts > 0 && a.rec.Attempts >= a.e.maxAttempts {
-		return a.failTerminally(ctx, a.rec.Fence(), a.rec.Attempts, errors.New(a.rec.LastError))
+	spent := a.outcome == recovery.OutcomeTakeover && a.e.maxAttempts > 0 && a.rec.Attempts >= a.e.maxAttempts
+	if a.rec.Compensating() {
+		if spent {
+			return a.compensationFailedForGood(ctx, a.rec.Undo[0], errors.New(a.rec.LastError))
+		}
+		return a.compensate(ctx)
+	}
+	if spent {
+		return a.giveUp(ctx, "", a.rec, a.rec.Attempts, errors.New(a.rec.LastError), nil)
 	}
 	for a.next < len(steps) {
 		step := steps[a.next]
@@ -219,7 +227,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 		// an operator's choice: no attempt of this definition can run it.
 		return a.park(ctx, fmt.Sprintf("its recovery point %q is not a step of version %s", r.point, a.w.spec().Version))
 	}
-	a.next = next
+	a.next, a.placed = next, true
 	if err := a.loadState(ctx, rec, r); err != nil {
 		var unreadable *unreadableStateError
 		if errors.As(err, &unreadable) {
@@ -442,8 +450,8 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 // call is not started once the lease may have ended.
 func (a *attempt[Req, State]) foreign(ctx context.Context, step phase.Step[Req, State]) (*Result, error) {
 	stepCtx, stop := a.heartbeat(ctx, step.Name(), true)
-	var err error
-	if stepCtx.Err() == nil {
+	err := context.Cause(stepCtx)
+	if err == nil {
 		a.acted = true
 		started := a.e.now()
 		err = seam.StepOf(step).RunForeign(stepCtx, &a.run)
@@ -538,6 +546,9 @@ func (a *attempt[Req, State]) buildResponse() (resp Response, err error) {
 // respondOrReject ends the workflow as a step asked: a Respond, or a
 // Reject that may not leave the key free (see rejectable), is stored.
 func (a *attempt[Req, State]) respondOrReject(ctx context.Context, step string, o *outcome) (*Result, error) {
+	if o.abort {
+		return a.giveUp(ctx, step, a.rec, a.run.Attempt, o, &o.resp)
+	}
 	if !o.reject || !a.rejectable() {
 		return a.respond(ctx, step, &o.resp)
 	}
@@ -621,11 +632,11 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 	var err error
 	switch {
 	case permanent:
-		return a.failTerminally(cleanupCtx, rec.Fence(), rec.Attempts+1, cause)
+		return a.giveUp(ctx, step, rec, rec.Attempts+1, cause, nil)
 	case a.wentAway(ctx):
 		err = seam.StoreOf(a.e.store).HandBack(cleanupCtx, rec.Fence(), stepErr.Error())
 	case a.e.maxAttempts > 0 && rec.Attempts+1 >= a.e.maxAttempts:
-		return a.failTerminally(cleanupCtx, rec.Fence(), rec.Attempts+1, cause)
+		return a.giveUp(ctx, step, rec, rec.Attempts+1, cause, nil)
 	case isDeferred:
 		err = a.deferKey(ctx, cleanupCtx, rec, step, deferred, stepErr)
 	default:
@@ -643,6 +654,7 @@ func (a *attempt[Req, State]) deferKey(ctx, cleanupCtx context.Context, rec *rec
 	d *phase.DeferError, stepErr *StepError) error {
 	notBefore, err := seam.StoreOf(a.e.store).HandBackFor(cleanupCtx, rec.Fence(), d.After, stepErr.Error())
 	if err == nil {
+		a.e.observeDeferred(a.w.name, step)
 		a.e.logger.InfoContext(ctx, "workflow step deferred; the key is handed back until then",
 			a.logAttrs(step, slog.Time("not_before", notBefore), slog.Any("error", d.Err))...)
 	}
@@ -679,8 +691,9 @@ func (a *attempt[Req, State]) recordAfterRollback(ctx context.Context, reclaim b
 
 // failTerminally stores a 500 for the key, in the open transaction if any,
 // and returns it: after attempts attempts, or at once when cause is
-// permanent (phase.Permanent).
-func (a *attempt[Req, State]) failTerminally(ctx context.Context, fence recovery.Fence, attempts int, cause error) (*Result, error) {
+// permanent (phase.Permanent). An Abort's response (abort) is stored
+// instead of the 500.
+func (a *attempt[Req, State]) failTerminally(ctx context.Context, fence recovery.Fence, attempts int, cause error, abort *Response) (*Result, error) {
 	permanent := phase.IsPermanent(cause)
 	detail, lastError, msg := fmt.Sprintf("%s failed after %d attempts and will not be retried", a.w.name, attempts),
 		fmt.Sprintf("after %d attempts: %v", attempts, cause), "workflow failed terminally"
@@ -689,6 +702,10 @@ func (a *attempt[Req, State]) failTerminally(ctx context.Context, fence recovery
 			fmt.Sprintf("at attempt %d: %v", attempts, cause), "workflow failed terminally: the step's error is permanent"
 	}
 	resp := Problem(500, detail)
+	if abort != nil {
+		resp, lastError, msg = *abort, fmt.Sprintf("aborted at attempt %d, with nothing to undo: %v", attempts, cause),
+			"workflow aborted; nothing to undo"
+	}
 	if err := a.store().Fail(ctx, fence, resp, lastError); err != nil {
 		a.rollback()
 		return nil, &StepError{Workflow: a.w.name, Attempt: attempts, Err: fmt.Errorf("fail terminally: %w", err)}
@@ -759,7 +776,7 @@ func (a *attempt[Req, State]) txEndedByStep(ctx context.Context, step string) (*
 	a.e.logger.ErrorContext(ctx, "an atomic phase ended its own transaction", a.logAttrs(step)...)
 	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	return a.failTerminally(cleanupCtx, a.rec.Fence(), a.run.Attempt, cause)
+	return a.failTerminally(cleanupCtx, a.rec.Fence(), a.run.Attempt, cause, nil)
 }
 
 // beforeCommit is the crash point before step's commit: a hook that stops

@@ -407,14 +407,11 @@ func TestStepDurationsAreReadFromTheClock(t *testing.T) {
 
 // stepTimes is an Observer that keeps each step's duration.
 type stepTimes struct {
+	workflow.NopObserver
 	mu   sync.Mutex
 	took map[string]time.Duration
 }
 
-func (s *stepTimes) Claimed(string, string)     {}
-func (s *stepTimes) LeaseLost(string)           {}
-func (s *stepTimes) StepRetried(string, string) {}
-func (s *stepTimes) Parked(string)              {}
 func (s *stepTimes) StepFinished(_, step string, took time.Duration, _ error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/onceflow/onceflow/internal/seam"
@@ -32,6 +33,7 @@ type Definition interface {
 type runnable interface {
 	Definition
 	spec() Spec
+	compensable() []string
 	resume(ctx context.Context, e *Engine, rec *recovery.Record, hops int) (*Result, error)
 }
 
@@ -48,6 +50,9 @@ type Workflow[Req, State any] struct {
 	removed      []string
 	upgradeState func(old json.RawMessage) (State, error)
 	specOnce     atomic.Pointer[Spec] // spec, computed once the definition is complete
+	// noReturn is the index of the step after which nothing is undone;
+	// -1 when no point of no return is declared (everything may be).
+	noReturn int
 }
 
 // Define declares a workflow. It panics if the definition is invalid (no
@@ -55,7 +60,7 @@ type Workflow[Req, State any] struct {
 // name): definitions are package-level values, and a broken one is a
 // programming error best found at start-up.
 func Define[Req, State any](name string, steps ...phase.Step[Req, State]) *Workflow[Req, State] {
-	w := &Workflow[Req, State]{name: name, steps: steps}
+	w := &Workflow[Req, State]{name: name, steps: steps, noReturn: -1}
 	if err := w.validate(); err != nil {
 		panic(err)
 	}
@@ -89,6 +94,52 @@ func (w *Workflow[Req, State]) Finish(fn func(*State) Response) *Workflow[Req, S
 	return w
 }
 
+// PointOfNoReturn declares that once step afterStep has committed, a
+// terminal failure no longer undoes anything: before it, a workflow that
+// fails for good (Abort, a phase.Permanent error, MaxAttempts) runs the
+// compensations (foreign.Compensate) of its started foreign steps; after
+// it, the failure is stored as it is and the record ends failed, for an
+// operator. Put it after the step that makes undoing wrong (the order was
+// paid and shipped). Without it, every step may be undone. It panics when
+// the workflow has no step afterStep.
+func (w *Workflow[Req, State]) PointOfNoReturn(afterStep string) *Workflow[Req, State] {
+	i, ok := w.indexOf(afterStep)
+	if !ok {
+		panic(fmt.Errorf("%w: workflow %s: PointOfNoReturn(%q): no such step", ErrInvalidInput, w.name, afterStep))
+	}
+	w.noReturn = i
+	return w
+}
+
+// undo lists the steps to compensate when the workflow fails for good at
+// the step at index failing, in the order their compensations run: every
+// compensable step up to failing, latest first, failing itself included
+// unless refused (its own error or Abort said it did nothing). None after
+// the point of no return.
+func (w *Workflow[Req, State]) undo(failing int, refused bool) []string {
+	if w.noReturn >= 0 && failing > w.noReturn {
+		return nil
+	}
+	var undo []string
+	for i := min(failing, len(w.steps)-1); i >= 0; i-- {
+		if (i < failing || !refused) && w.steps[i].Compensable() {
+			undo = append(undo, w.steps[i].Name())
+		}
+	}
+	return undo
+}
+
+// compensable lists the steps with a compensation, in order.
+func (w *Workflow[Req, State]) compensable() []string {
+	var names []string
+	for _, s := range w.steps {
+		if s.Compensable() {
+			names = append(names, s.Name())
+		}
+	}
+	return names
+}
+
 // Name returns the workflow's name.
 func (w *Workflow[Req, State]) Name() string { return w.name }
 
@@ -112,6 +163,12 @@ func (w *Workflow[Req, State]) response(s *State) Response {
 		return JSON(200, s)
 	}
 	return w.finish(s)
+}
+
+// indexOf returns the index of the step named step.
+func (w *Workflow[Req, State]) indexOf(step string) (int, bool) {
+	i := slices.IndexFunc(w.steps, func(s phase.Step[Req, State]) bool { return s.Name() == step })
+	return i, i >= 0
 }
 
 // indexAfter returns the index of the step after recovery point point, 0

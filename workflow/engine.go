@@ -158,8 +158,13 @@ type Result struct {
 	// ResumedFrom is the recovery point a takeover resumed after; "" when
 	// the run started from the first step.
 	ResumedFrom string
-	// Failed reports a terminal failure: Response is the stored 500.
+	// Failed reports a terminal failure: Response is the stored 500 (or an
+	// Abort's response after the point of no return).
 	Failed bool
+	// Compensated reports a terminal failure before the point of no
+	// return whose started foreign steps were undone (foreign.Compensate):
+	// Response is the stored failure, an Abort's or a 500.
+	Compensated bool
 	// Rejected reports a Reject: Response was not stored and the key is
 	// free again.
 	Rejected bool
@@ -366,9 +371,10 @@ func (e *Engine) Resume(ctx context.Context, key Key) (*Result, error) {
 // replayed is the result of a finished record.
 func replayed(rec *recovery.Record) *Result {
 	return &Result{
-		Response: *rec.Response,
-		Replayed: true,
-		Outcome:  recovery.OutcomeReplay,
-		Failed:   rec.Status == recovery.StatusFailed,
+		Response:    *rec.Response,
+		Replayed:    true,
+		Outcome:     recovery.OutcomeReplay,
+		Failed:      rec.Status == recovery.StatusFailed,
+		Compensated: rec.Status == recovery.StatusCompensated,
 	}
 }

@@ -26,6 +26,15 @@ const (
 	// back, as a process death would; a hook that blocks there holds its
 	// locks, the key's row among them.
 	BeforeCommit
+	// BeforeCompensation: a record is compensating, and the compensation
+	// of the step is about to run.
+	BeforeCompensation
+	// AfterCompensationCall: the step's compensation returned, its
+	// result not yet committed.
+	AfterCompensationCall
+	// AfterCompensationCommit: the step's compensation is committed (the
+	// last one's commit finished the record), the caller not yet told.
+	AfterCompensationCommit
 )
 
 // CrashPoint is a place where a process could die with interesting
@@ -46,6 +55,12 @@ func (p CrashPoint) String() string {
 		return "after " + p.Step + "'s commit"
 	case BeforeCommit:
 		return "before " + p.Step + "'s commit"
+	case BeforeCompensation:
+		return "before undoing " + p.Step
+	case AfterCompensationCall:
+		return "after " + p.Step + "'s compensation call"
+	case AfterCompensationCommit:
+		return "after " + p.Step + "'s compensation commit"
 	}
 	return fmt.Sprintf("CrashPoint(%d, %s)", p.Kind, p.Step)
 }
@@ -85,6 +100,22 @@ func CrashPoints(d Definition) []CrashPoint {
 		if s.Kind == phase.KindAtomic || i == len(steps)-1 || steps[i+1].Kind == phase.KindForeign {
 			points = append(points, CrashPoint{AfterCommit, s.Name})
 		}
+	}
+	return points
+}
+
+// CompensationPoints lists, from a workflow's definition, the crash points
+// a record compensating every step that has a compensation passes, in
+// order: before each compensation, after its call, and after its commit,
+// latest step first. A run that succeeds passes none of them; CrashPoints
+// lists those.
+func CompensationPoints(d Definition) []CrashPoint {
+	defs := d.versions()
+	names := defs[len(defs)-1].compensable()
+	var points []CrashPoint
+	for i := len(names) - 1; i >= 0; i-- {
+		points = append(points, CrashPoint{BeforeCompensation, names[i]}, CrashPoint{AfterCompensationCall, names[i]},
+			CrashPoint{AfterCompensationCommit, names[i]})
 	}
 	return points
 }

@@ -21,7 +21,9 @@ const (
 )
 
 // Observer is told what the engine does, for metrics (see package metrics).
-// Its methods must be quick and safe for concurrent use.
+// Its methods must be quick and safe for concurrent use. Later releases
+// may add methods: embed NopObserver in an Observer of your own, and it
+// keeps compiling, ignoring what it does not implement.
 type Observer interface {
 	// Claimed reports how a run found its key: ClaimNew, ClaimTakeover,
 	// ClaimReplay, ClaimConflict, ClaimMismatch or ClaimForbidden.
@@ -36,6 +38,12 @@ type Observer interface {
 	// StepRetried reports a call that a step retries within its attempt
 	// (foreign.Retry), once per retry.
 	StepRetried(workflow, step string)
+	// StepDeferred reports an attempt that handed its key back until a time
+	// the other system asked for (phase.DeferError).
+	StepDeferred(workflow, step string)
+	// Compensated reports a compensation's call (foreign.Compensate) and
+	// its error; nil means the step's effect is undone.
+	Compensated(workflow, step string, err error)
 }
 
 // claimOutcome names the outcome of a claim for an Observer; "" for errors
@@ -88,3 +96,43 @@ func (e *Engine) observeRetry(workflow, step string) {
 		e.observer.StepRetried(workflow, step)
 	}
 }
+
+func (e *Engine) observeDeferred(workflow, step string) {
+	if e.observer != nil {
+		e.observer.StepDeferred(workflow, step)
+	}
+}
+
+func (e *Engine) observeCompensation(workflow, step string, started time.Time, err error) {
+	if e.observer != nil {
+		e.observer.StepFinished(workflow, step+" (compensation)", e.now().Sub(started), err)
+		e.observer.Compensated(workflow, step, err)
+	}
+}
+
+// NopObserver ignores everything. Embed it in an Observer that implements
+// only the methods it cares about.
+type NopObserver struct{}
+
+// Claimed does nothing.
+func (NopObserver) Claimed(string, string) {}
+
+// StepFinished does nothing.
+func (NopObserver) StepFinished(string, string, time.Duration, error) {}
+
+// LeaseLost does nothing.
+func (NopObserver) LeaseLost(string) {}
+
+// Parked does nothing.
+func (NopObserver) Parked(string) {}
+
+// StepRetried does nothing.
+func (NopObserver) StepRetried(string, string) {}
+
+// StepDeferred does nothing.
+func (NopObserver) StepDeferred(string, string) {}
+
+// Compensated does nothing.
+func (NopObserver) Compensated(string, string, error) {}
+
+var _ Observer = NopObserver{}

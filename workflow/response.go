@@ -48,9 +48,13 @@ func Problem(status int, detail string) Response {
 type outcome struct {
 	resp   Response
 	reject bool
+	abort  bool
 }
 
 func (o *outcome) Error() string {
+	if o.abort {
+		return fmt.Sprintf("workflow aborted with status %d", o.resp.Status)
+	}
 	if o.reject {
 		return fmt.Sprintf("workflow rejected the request with status %d", o.resp.Status)
 	}
@@ -69,6 +73,18 @@ func Respond(resp Response) error { return &outcome{resp: resp} }
 // phase's writes roll back. Once a step has committed, there are effects to
 // answer for, and Reject acts as Respond.
 func Reject(resp Response) error { return &outcome{resp: resp, reject: true} }
+
+// Abort ends the workflow as a failure a step decided on (the order cannot
+// be fulfilled, the charge does not match it): before the workflow's point
+// of no return (Workflow.PointOfNoReturn), the engine undoes what its
+// foreign steps did, running the compensation (foreign.Compensate) of each
+// started one, latest first, then stores resp as the key's response; the
+// record ends compensated. The step that aborts is not compensated: it
+// decided instead of acting. Returned from an atomic phase, the phase's
+// writes commit with the decision (mark the order cancelled). After the
+// point of no return nothing is undone: resp is stored and the record ends
+// failed.
+func Abort(resp Response) error { return &outcome{resp: resp, abort: true} }
 
 // Final reports that the error is an answer, not a failure: a
 // foreign.Retry does not try the call again.

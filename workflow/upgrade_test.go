@@ -772,6 +772,7 @@ func attrsOf(r slog.Record) map[string]string {
 
 // parkings is an Observer that counts parked records and claim outcomes.
 type parkings struct {
+	workflow.NopObserver
 	mu     sync.Mutex
 	parks  map[string]int
 	claims map[string]int // workflow + " " + outcome
@@ -785,9 +786,6 @@ func (p *parkings) Claimed(workflow, outcome string) {
 	}
 	p.claims[workflow+" "+outcome]++
 }
-func (p *parkings) StepFinished(string, string, time.Duration, error) {}
-func (p *parkings) LeaseLost(string)                                  {}
-func (p *parkings) StepRetried(string, string)                        {}
 func (p *parkings) Parked(workflow string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

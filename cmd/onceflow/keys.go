@@ -48,10 +48,10 @@ func newKeysList(opts *options) *cobra.Command {
 				return err
 			}
 			switch recovery.Status(status) {
-			case "", recovery.StatusInFlight, recovery.StatusCompleted, recovery.StatusFailed, recovery.StatusParked:
+			case "", recovery.StatusInFlight, recovery.StatusCompleted, recovery.StatusFailed, recovery.StatusParked, recovery.StatusCompensated:
 				f.Status = recovery.Status(status)
 			default:
-				return usageError{fmt.Errorf("--status must be in_flight, parked, completed or failed, not %q", status)}
+				return usageError{fmt.Errorf("--status must be in_flight, parked, completed, failed or compensated, not %q", status)}
 			}
 			store, db, err := opts.store(cmd)
 			if err != nil {
@@ -82,7 +82,7 @@ func newKeysList(opts *options) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&f.Tenant, "tenant", "", "only this tenant's keys")
-	cmd.Flags().StringVar(&status, "status", "", "only keys in this status: in_flight, parked, completed or failed")
+	cmd.Flags().StringVar(&status, "status", "", "only keys in this status: in_flight, parked, completed, failed or compensated")
 	cmd.Flags().DurationVar(&f.StuckFor, "stuck-for", 0, "only keys in flight with no progress for longer than this")
 	cmd.Flags().IntVar(&f.Limit, "limit", 100, "list at most this many")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -134,6 +134,12 @@ the deferral.`,
 			t.row("lease", lease(rec))
 			if out.NotBefore != nil {
 				t.row("not before", out.NotBefore.Format(time.RFC3339Nano)+" (deferred by its last attempt)")
+			}
+			switch {
+			case rec.Compensating():
+				t.row("compensating", "still to undo: "+strings.Join(out.Undo, ", "))
+			case len(out.Undo) > 0:
+				t.row("not undone", strings.Join(out.Undo, ", ")+" (a compensation failed for good; undo these by hand)")
 			}
 			if rec.Status == recovery.StatusParked {
 				t.row("parked because", out.LastError)
@@ -306,6 +312,7 @@ type keyJSON struct {
 	LockedUntil   *time.Time      `json:"locked_until,omitempty"`
 	Released      bool            `json:"released,omitempty"`
 	NotBefore     *time.Time      `json:"not_before,omitempty"`
+	Undo          []string        `json:"undo,omitempty"`
 	Request       json.RawMessage `json:"request,omitempty"`
 	State         json.RawMessage `json:"state,omitempty"`
 	Response      *responseJSON   `json:"response,omitempty"`
@@ -381,6 +388,7 @@ func toJSON(r *recovery.Record, versions map[string]string) keyJSON {
 	if !r.NotBefore.IsZero() {
 		out.NotBefore = &r.NotBefore
 	}
+	out.Undo = r.Undo
 	if !r.CompletedAt.IsZero() {
 		out.CompletedAt = &r.CompletedAt
 	}

@@ -165,7 +165,7 @@ func TestKeys(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(ok(t, "keys", "list", "--json", "--tenant", "acme", "--status", "completed", db)), &listed))
 	require.Len(t, listed, 1)
 	require.Equal(t, "done", listed[0].Key)
-	require.Contains(t, fails(t, 2, "keys", "list", "--status", "sleeping", db), "--status must be in_flight, parked, completed or failed")
+	require.Contains(t, fails(t, 2, "keys", "list", "--status", "sleeping", db), "--status must be in_flight, parked, completed, failed or compensated")
 
 	var shown struct {
 		Status   string

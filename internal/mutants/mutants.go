@@ -176,11 +176,11 @@ var mutants = []Mutant{
 		Name:   "prune-in-flight",
 		Breaks: "the pruner goes by completed_at, not by status",
 		Edits: []Edit{{File: "sweeper/pruner.go",
-			Old: `    WHERE status IN ('completed', 'failed') AND completed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
+			Old: `    WHERE status IN ('completed', 'failed', 'compensated') AND completed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
     ORDER BY completed_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-)) AND status IN ('completed', 'failed')` + "`",
+)) AND status IN ('completed', 'failed', 'compensated')` + "`",
 			New: `    WHERE completed_at < statement_timestamp() - $1::bigint * interval '1 microsecond'
     ORDER BY completed_at
     LIMIT $2
@@ -326,9 +326,9 @@ var mutants = []Mutant{
 		Name:   "pruner-deletes-parked",
 		Breaks: "the pruner deletes parked records, which wait for an operator",
 		Edits: []Edit{{File: "sweeper/pruner.go",
-			Old: "    WHERE status IN ('completed', 'failed') AND completed_at",
+			Old: "    WHERE status IN ('completed', 'failed', 'compensated') AND completed_at",
 			New: "    WHERE status <> 'in_flight' AND completed_at"}, {File: "sweeper/pruner.go",
-			Old: ")) AND status IN ('completed', 'failed')`", New: ")) AND status <> 'in_flight'`"}},
+			Old: ")) AND status IN ('completed', 'failed', 'compensated')`", New: ")) AND status <> 'in_flight'`"}},
 		Pkg: "./sweeper", Run: "^TestPrunerKeepsParkedRecords$",
 	},
 	{

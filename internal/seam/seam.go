@@ -40,6 +40,8 @@ type Store interface {
 	Park(ctx context.Context, f recovery.Fence, reason string) error
 	Restamp(ctx context.Context, f recovery.Fence, definition, recoveryPoint string, state []byte) error
 	SaveDefinition(ctx context.Context, d recovery.StoredDefinition) error
+	Compensate(ctx context.Context, f recovery.Fence, undo []string, resp recovery.Response, state []byte, cause string) error
+	Undone(ctx context.Context, f recovery.Fence, step string, state []byte) (bool, error)
 }
 
 // StoreOf returns the engine's view of s.
@@ -51,6 +53,8 @@ type Step[Req, State any] interface {
 	Valid() error
 	RunAtomic(ctx context.Context, tx pgx.Tx, r *phase.Run[Req, State]) error
 	RunForeign(ctx context.Context, r *phase.Run[Req, State]) error
+	Compensable() bool
+	RunCompensation(ctx context.Context, r *phase.Run[Req, State]) error
 }
 
 // StepOf returns the engine's view of s.
