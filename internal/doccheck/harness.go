@@ -57,6 +57,11 @@ func writeTransfer(ctx context.Context, tx pgx.Tx, body io.Reader) error        
 func sendAndRecordReceipt(ctx context.Context, tx pgx.Tx, payload json.RawMessage) error { return nil }
 func authenticate(next http.Handler) http.Handler                                        { return next }
 
+func createOrder(ctx context.Context, tx pgx.Tx, r *phase.Run[CheckoutRequest, CheckoutState]) error  { return nil }
+func recordCharge(ctx context.Context, tx pgx.Tx, r *phase.Run[CheckoutRequest, CheckoutState]) error { return nil }
+func chargeCard(ctx context.Context, c *foreign.Call[CheckoutRequest, CheckoutState]) error            { return nil }
+func ship(ctx context.Context, c *foreign.Call[CheckoutRequest, CheckoutState]) error                  { return nil }
+
 type authInfo struct{ Org, User string }
 type authenticator struct{}
 
@@ -88,7 +93,7 @@ const stmtsFunc = `func fragment(t *testing.T, ctx context.Context, pool *pgxpoo
 
 // importPaths are the packages a generated file may use, by name.
 var importPaths = map[string]string{
-	"context": "context", "errors": "errors", "fmt": "fmt", "http": "net/http", "io": "io",
+	"bytes": "bytes", "context": "context", "errors": "errors", "fmt": "fmt", "http": "net/http", "io": "io",
 	"json": "encoding/json", "slog": "log/slog", "testing": "testing", "time": "time",
 	"pgx": "github.com/jackc/pgx/v5", "pgxpool": "github.com/jackc/pgx/v5/pgxpool",
 	"crashtest": "github.com/onceflow/onceflow/crashtest", "foreign": "github.com/onceflow/onceflow/foreign",
