@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"runtime/debug"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/internal/lease"
@@ -408,15 +410,7 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 			return a.failed(ctx, step.Name(), err)
 		}
 	}
-	// While the claim is uncommitted in the transaction, the row is locked
-	// by this attempt and no takeover is possible: no heartbeat is needed.
-	stepCtx, stop := a.heartbeat(ctx, step.Name(), !a.claimOpen)
-	started := a.e.now()
-	err := seam.StepOf(step).RunAtomic(stepCtx, a.tx, &a.run)
-	a.e.observeStep(a.w.name, step.Name(), started, err)
-	if lost := stop(); lost != nil {
-		err = lost
-	}
+	err := a.runAtomic(ctx, step)
 	if a.tx.ended() {
 		return a.txEndedByStep(ctx, step.Name())
 	}
@@ -443,6 +437,69 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 	}
 	a.next++
 	return nil, a.e.crashPoint(ctx, a.key, AfterCommit, step.Name())
+}
+
+// atomicTries is how often an atomic phase runs within one attempt when
+// its transaction is the victim of a deadlock or a serialization failure.
+const atomicTries = 3
+
+// conflictWait is the longest wait before the second run of a phase that
+// lost a conflict (twice that before the third).
+const conflictWait = 50 * time.Millisecond
+
+// runAtomic runs an atomic phase's function in the open transaction. When
+// the transaction fails with a deadlock or a serialization failure, which
+// the database resolves by rolling one side back, and the claim is not in
+// it, the phase runs again in a new transaction, from the state it started
+// with, up to atomicTries times.
+func (a *attempt[Req, State]) runAtomic(ctx context.Context, step phase.Step[Req, State]) error {
+	var before []byte // the state the phase started with, once a retry needs it
+	for try := 1; ; try++ {
+		// While the claim is uncommitted in the transaction, the row is
+		// locked by this attempt and no takeover is possible: no heartbeat
+		// is needed.
+		stepCtx, stop := a.heartbeat(ctx, step.Name(), !a.claimOpen)
+		if try == 1 && !a.claimOpen {
+			var err error
+			if before, err = json.Marshal(a.run.State); err != nil {
+				stop()
+				return fmt.Errorf("encode state: %w", err)
+			}
+		}
+		started := a.e.now()
+		err := seam.StepOf(step).RunAtomic(stepCtx, a.tx, &a.run)
+		a.e.observeStep(a.w.name, step.Name(), started, err)
+		if lost := stop(); lost != nil {
+			return lost
+		}
+		if try == atomicTries || before == nil || a.tx.ended() || !conflicted(err) {
+			return err
+		}
+		a.e.logger.InfoContext(ctx, "atomic phase's transaction lost a conflict; running it again",
+			a.logAttrs(step.Name(), slog.Int("try", try), slog.Any("error", err))...)
+		a.e.observeRetry(a.w.name, step.Name())
+		a.rollback()
+		// A short random wait lets the other side, woken by this rollback,
+		// take the locks first rather than meet this one again.
+		if err := sleepCtx(ctx, time.Duration(rand.Int64N(int64(conflictWait)*int64(try)))); err != nil {
+			return err
+		}
+		var fresh State
+		if err := json.Unmarshal(before, &fresh); err != nil {
+			return fmt.Errorf("restore state: %w", err)
+		}
+		a.run.State = fresh
+		if err := a.begin(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// conflicted reports a transaction the database rolled back to resolve a
+// conflict with another: a deadlock or a serialization failure.
+func conflicted(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
 }
 
 // foreign runs a foreign mutation outside any transaction. Its result is
@@ -847,4 +904,16 @@ func (a *attempt[Req, State]) logAttrs(step string, extra ...any) []any {
 		attrs = append(attrs, slog.String("step", step))
 	}
 	return append(attrs, extra...)
+}
+
+// sleepCtx waits d, or until ctx ends, and then returns ctx's error.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
