@@ -41,7 +41,9 @@ type World[Req, State any] struct {
 	Close func()
 }
 
-// Case is a workflow and a request to crash at every point.
+// Case is a workflow and a request to crash at every point. A Case whose
+// world makes the workflow fail for good before its point of no return
+// explores its compensations too (see the package doc, Compensation).
 type Case[Req, State any] struct {
 	// NewWorld builds a fresh world. It is called once for the uncrashed
 	// run and once per crash point and recovery.
