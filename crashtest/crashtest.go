@@ -41,7 +41,9 @@ type World[Req, State any] struct {
 	Close func()
 }
 
-// Case is a workflow and a request to crash at every point.
+// Case is a workflow and a request to crash at every point. A Case whose
+// world makes the workflow fail for good before its point of no return
+// explores its compensations too (see the package doc, Compensation).
 type Case[Req, State any] struct {
 	// NewWorld builds a fresh world. It is called once for the uncrashed
 	// run and once per crash point and recovery.
@@ -92,12 +94,34 @@ type Report struct {
 	Definition workflow.Spec
 	// Response is the uncrashed run's response.
 	Response workflow.Response
-	// Points are the crash points the uncrashed run passed, in order.
+	// Compensated and Failed are the uncrashed run's Result.Compensated and
+	// Result.Failed: it failed for good and undid its started steps, or
+	// undid nothing. Every recovery must answer the same.
+	Compensated, Failed bool
+	// Points are the crash points the uncrashed run passed, in order: the
+	// forward path's, then, for a run that compensated, the compensation
+	// path's.
 	Points []workflow.CrashPoint
 	// Unreached are the definition's crash points this request never
-	// passes (after a step that ends the workflow early, for example).
+	// passes: forward points after a step that ends the workflow early,
+	// for example. Compensation points ([workflow.CompensationPoints]) are
+	// listed only for a run that compensated (the compensations of steps
+	// it never started); a run that succeeds passes none of them, and a
+	// Case whose world makes the workflow fail for good explores them.
 	Unreached []workflow.CrashPoint
 	Outcomes  []Outcome
+}
+
+// answer is what the uncrashed run answered.
+func (r *Report) answer() answer {
+	return answer{Response: r.Response, Compensated: r.Compensated, Failed: r.Failed}
+}
+
+// answer is what a run answered: the response, and whether it was a stored
+// failure that undid the started steps or one that undid nothing.
+type answer struct {
+	Response            workflow.Response
+	Compensated, Failed bool
 }
 
 // Err joins every failed experiment's error; nil when all passed.
@@ -169,7 +193,7 @@ func Explore[Req, State any](ctx context.Context, c Case[Req, State]) (*Report, 
 	}
 	c.crashEach(ctx, report, deployment[Req, State]{
 		crashed: (*World[Req, State]).current, recovering: (*World[Req, State]).current,
-		crashedResponse: report.Response, recoveringResponse: report.Response,
+		crashedRun: report.answer(), recoveringRun: report.answer(),
 	})
 	return report, nil
 }
@@ -196,9 +220,8 @@ func (w *World[Req, State]) next() *workflow.Workflow[Req, State]    { return w.
 // and the other's.
 type deployment[Req, State any] struct {
 	crashed, recovering definition[Req, State]
-	// crashedResponse and recoveringResponse are their uncrashed runs'
-	// responses.
-	crashedResponse, recoveringResponse workflow.Response
+	// crashedRun and recoveringRun are their uncrashed runs' answers.
+	crashedRun, recoveringRun answer
 	// mayPark: the recovering definition may park the record instead of
 	// resuming it (Upgrade).
 	mayPark bool
@@ -246,17 +269,25 @@ func (c Case[Req, State]) baseline(ctx context.Context, pick definition[Req, Sta
 	if err := check(ctx, world); err != nil {
 		return nil, fmt.Errorf("the uncrashed run breaks the invariant: %w", err)
 	}
-	report.Response = res.Response
-	passed := map[workflow.CrashPoint]bool{}
-	for _, p := range report.Points {
-		passed[p] = true
+	report.Response, report.Compensated, report.Failed = res.Response, res.Compensated, res.Failed
+	report.Unreached = unreached(w, report)
+	return report, nil
+}
+
+// unreached lists the crash points of w that report's uncrashed run did
+// not pass: forward ones, and compensation ones when it compensated.
+func unreached(w workflow.Definition, report *Report) []workflow.CrashPoint {
+	points := workflow.CrashPoints(w)
+	if report.Compensated {
+		points = append(points, workflow.CompensationPoints(w)...)
 	}
-	for _, p := range workflow.CrashPoints(w) {
-		if !passed[p] {
-			report.Unreached = append(report.Unreached, p)
+	var missed []workflow.CrashPoint
+	for _, p := range points {
+		if !slices.Contains(report.Points, p) {
+			missed = append(missed, p)
 		}
 	}
-	return report, nil
+	return missed
 }
 
 // experiment stops a run of d's crashed definition at point, recovers it
@@ -315,8 +346,8 @@ func (c Case[Req, State]) verify(ctx context.Context, world *World[Req, State], 
 	if err := check(ctx, world); err != nil {
 		errs = append(errs, fmt.Errorf("after recovery: %w", err))
 	}
-	if err := c.SameResponse(fin.want, fin.res.Response); err != nil {
-		errs = append(errs, fmt.Errorf("the recovered response differs from the uncrashed one of version %s: %w", fin.by.Spec().Version, err))
+	if err := c.sameAnswer(fin.want, fin.res); err != nil {
+		errs = append(errs, fmt.Errorf("the recovered answer differs from the uncrashed one of version %s: %w", fin.by.Spec().Version, err))
 	}
 	if err := c.finishedBy(ctx, e, fin.by); err != nil {
 		errs = append(errs, err)
@@ -339,7 +370,22 @@ func (c Case[Req, State]) verify(ctx context.Context, world *World[Req, State], 
 	case !replay.Replayed:
 		return errors.New("the final retry ran the workflow again instead of replaying")
 	}
-	return c.SameResponse(fin.want, replay.Response)
+	if err := c.sameAnswer(fin.want, replay); err != nil {
+		return fmt.Errorf("the final retry's answer: %w", err)
+	}
+	return nil
+}
+
+// sameAnswer compares a run's result with want, an uncrashed run's answer:
+// the response by SameResponse, and whether both compensated or failed.
+func (c Case[Req, State]) sameAnswer(want answer, got *workflow.Result) error {
+	switch {
+	case got.Compensated != want.Compensated:
+		return fmt.Errorf("Compensated %t, want %t (response %d %s)", got.Compensated, want.Compensated, got.Response.Status, got.Response.Body)
+	case got.Failed != want.Failed:
+		return fmt.Errorf("Failed %t, want %t (response %d %s)", got.Failed, want.Failed, got.Response.Status, got.Response.Body)
+	}
+	return c.SameResponse(want.Response, got.Response)
 }
 
 // recoveryConfig configures a new process that registers w alone.
@@ -356,7 +402,7 @@ func (c Case[Req, State]) recoveryConfig(w *workflow.Workflow[Req, State]) workf
 type finish[Req, State any] struct {
 	res    *workflow.Result
 	by     *workflow.Workflow[Req, State]
-	want   workflow.Response
+	want   answer
 	parked bool
 }
 
@@ -367,17 +413,17 @@ type finish[Req, State any] struct {
 // definition that wrote it.
 func (c Case[Req, State]) recover(ctx context.Context, e *workflow.Engine, world *World[Req, State], d deployment[Req, State], how Recovery) (finish[Req, State], error) {
 	crashed, recovering := d.crashed(world), d.recovering(world)
-	fin := finish[Req, State]{by: recovering, want: d.recoveringResponse}
+	fin := finish[Req, State]{by: recovering, want: d.recoveringRun}
 	rec, err := e.Store().Load(ctx, c.Key)
 	switch {
 	case err == nil && rec.Finished():
-		fin.by, fin.want = crashed, d.crashedResponse
+		fin.by, fin.want = crashed, d.crashedRun
 	case err != nil && !errors.Is(err, workflow.ErrNotFound):
 		return fin, fmt.Errorf("load the crashed record: %w", err)
 	}
 	fin.res, err = c.recoverWith(ctx, e, recovering, how)
 	if d.mayPark && errors.Is(err, workflow.ErrParked) {
-		fin.by, fin.want, fin.parked = crashed, d.crashedResponse, true
+		fin.by, fin.want, fin.parked = crashed, d.crashedRun, true
 		fin.res, err = c.resumeParked(ctx, world.DB, crashed)
 	}
 	return fin, err
@@ -442,7 +488,7 @@ var errKilled = errors.New("killed before its commit")
 // holds, or failed (a step of it may conflict with what the recovery
 // wrote, such as a row with the same unique key); and it wrote nothing to
 // the key's record.
-func (c Case[Req, State]) fencedOut(ctx context.Context, e *workflow.Engine, want workflow.Response, z *zombie) error {
+func (c Case[Req, State]) fencedOut(ctx context.Context, e *workflow.Engine, want answer, z *zombie) error {
 	before, err := e.Store().Load(ctx, c.Key)
 	if err != nil {
 		return fmt.Errorf("load the recovered record: %w", err)
@@ -458,7 +504,7 @@ func (c Case[Req, State]) fencedOut(ctx context.Context, e *workflow.Engine, wan
 	if r.err != nil {
 		return nil
 	}
-	if err := c.SameResponse(want, r.res.Response); err != nil {
+	if err := c.sameAnswer(want, r.res); err != nil {
 		return fmt.Errorf("the woken attempt answered differently: %w", err)
 	}
 	return nil
@@ -471,12 +517,14 @@ func sameRecord(want, got *recovery.Record) error {
 		Owner                                uuid.UUID
 		Status                               recovery.Status
 		RecoveryPoint, Definition, LastError string
-		State                                string
+		State, Undo                          string
 		Attempts                             int
 		UpdatedAt, CompletedAt               time.Time
 	}
-	w := written{want.Owner, want.Status, want.RecoveryPoint, want.Definition, want.LastError, string(want.State), want.Attempts, want.UpdatedAt, want.CompletedAt}
-	g := written{got.Owner, got.Status, got.RecoveryPoint, got.Definition, got.LastError, string(got.State), got.Attempts, got.UpdatedAt, got.CompletedAt}
+	w := written{want.Owner, want.Status, want.RecoveryPoint, want.Definition, want.LastError, string(want.State),
+		fmt.Sprintf("%q", want.Undo), want.Attempts, want.UpdatedAt, want.CompletedAt}
+	g := written{got.Owner, got.Status, got.RecoveryPoint, got.Definition, got.LastError, string(got.State),
+		fmt.Sprintf("%q", got.Undo), got.Attempts, got.UpdatedAt, got.CompletedAt}
 	if w != g {
 		return fmt.Errorf("%+v, was %+v", g, w)
 	}

@@ -48,4 +48,22 @@
 // FreshDatabase (or Databases, outside a test) gives each world a database
 // of its own, migrated with package migrations and dropped at the end, on a
 // server whose user may CREATE DATABASE.
+//
+// # Compensation
+//
+// A workflow's compensations (foreign.Compensate) run only when it fails
+// for good before its point of no return, so a Case explores them when its
+// world makes that happen: a fake that refuses, a phase that returns a
+// phase.Permanent error. The uncrashed run then passes the forward
+// path's crash points up to the failure and the compensation path's
+// ([workflow.CompensationPoints]: before each compensation, after its
+// call, after its commit), and every one is crashed at with both
+// recoveries. A recovery passes when it answers what the uncrashed run
+// stored, with the same [workflow.Result] Compensated and Failed, and
+// leaves the invariant holding, for which "charge XOR refund" is the usual
+// one: paid with one charge and no refund, or not paid with every charge
+// refunded once. [Report.Compensated] reports the uncrashed run's outcome.
+// [Report.Unreached] lists compensation points only for a run that
+// compensated: a run that succeeds passes none by design, and a second
+// Case whose world fails explores them.
 package crashtest

@@ -89,11 +89,11 @@ func ExploreUpgrade[Req, State any](ctx context.Context, c Case[Req, State]) (*U
 	}
 	c.crashEach(ctx, deployed, deployment[Req, State]{
 		crashed: (*World[Req, State]).current, recovering: (*World[Req, State]).next,
-		crashedResponse: deployed.Response, recoveringResponse: next.Response, mayPark: true,
+		crashedRun: deployed.answer(), recoveringRun: next.answer(), mayPark: true,
 	})
 	c.crashEach(ctx, next, deployment[Req, State]{
 		crashed: (*World[Req, State]).next, recovering: (*World[Req, State]).current,
-		crashedResponse: next.Response, recoveringResponse: deployed.Response, mayPark: true,
+		crashedRun: next.answer(), recoveringRun: deployed.answer(), mayPark: true,
 	})
 	return &UpgradeReport{Forward: deployed, Reverse: next}, nil
 }

@@ -187,6 +187,20 @@ var mutants = []Mutant{
 		Pkg: "./workflow", Run: "^TestCompensationAfterMaxAttempts$",
 	},
 	{
+		Name:   "takeover-skips-compensation",
+		Breaks: "a takeover of a compensating record runs the forward steps again instead of the compensations it lists",
+		Edits: []Edit{{File: "workflow/attempt.go",
+			Old: "\tif a.rec.Compensating() {\n\t\tif spent {", New: "\tif false && a.rec.Compensating() {\n\t\tif spent {"}},
+		Pkg: "./crashtest", Run: "^TestRefundSurvivesEveryCrash$",
+	},
+	{
+		Name:   "compensation-key-random",
+		Breaks: "a compensation's key is new on every run, so a refund run again after a crash refunds twice",
+		Edits: []Edit{{File: "foreign/mutation.go",
+			Old: "c.KeyFor(compensateKeyPart)\n", New: "c.KeyFor(compensateKeyPart, time.Now().String())\n"}},
+		Pkg: "./crashtest", Run: "^TestRefundSurvivesEveryCrash$",
+	},
+	{
 		Name:   "defer-ignored-by-claim",
 		Breaks: "the takeover rule ignores a deferred record's not_before, so a retry runs the step again before the other system's Retry-After",
 		Edits: []Edit{{File: "migrations/sql/0011_not_before.up.sql",

@@ -5,8 +5,11 @@
 //
 // Checkout is create_order (atomic) → charge (foreign, over HTTP to a
 // Provider, with the derived key) → record_charge (atomic). Its tables are
-// made by Schema. A test whose point is a different shape (two foreign
-// calls in a row, a step that blocks) declares that workflow itself.
+// made by Schema. A test of compensation gives the charge a refund
+// (Options.Charge: foreign.Compensate(Refund(url))) and makes
+// record_charge fail for good (Options.Before returning a phase.Permanent
+// error). A test whose point is a different shape (two foreign calls in a
+// row, a step that blocks) declares that workflow itself.
 package testapp
 
 import (
@@ -16,6 +19,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -128,6 +132,7 @@ type Provider struct {
 	*httptest.Server
 	mu      sync.Mutex
 	effects map[string]map[string]string // endpoint -> key -> id
+	undoes  map[string]map[string]string // endpoint -> key -> the key its first call named in ?of=
 	keys    map[string][]string          // endpoint -> keys in call order
 	faults  map[string][]Fault           // endpoint -> the next calls' faults
 	closing chan struct{}                // closed when the test ends: hung calls answer
@@ -146,7 +151,7 @@ type Fault struct {
 
 // NewProvider starts a Provider, closed when t ends.
 func NewProvider(t testing.TB) *Provider {
-	p := &Provider{effects: map[string]map[string]string{}, keys: map[string][]string{},
+	p := &Provider{effects: map[string]map[string]string{}, undoes: map[string]map[string]string{}, keys: map[string][]string{},
 		faults: map[string][]Fault{}, closing: make(chan struct{})}
 	p.Server = httptest.NewServer(http.HandlerFunc(p.serve))
 	t.Cleanup(p.Close)
@@ -190,6 +195,12 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 	if !seen {
 		id = fmt.Sprintf("%s_%d", endpoint[:2], len(made)+1)
 		made[key] = id
+		if of := r.URL.Query().Get("of"); of != "" {
+			if p.undoes[endpoint] == nil {
+				p.undoes[endpoint] = map[string]string{}
+			}
+			p.undoes[endpoint][key] = of
+		}
 	}
 	p.mu.Unlock()
 	if fault.Hang {
@@ -208,6 +219,27 @@ func (p *Provider) Effects(endpoint string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.effects[endpoint])
+}
+
+// Made reports whether endpoint made an effect for key.
+func (p *Provider) Made(endpoint, key string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.effects[endpoint][key]
+	return ok
+}
+
+// Undoes maps each key endpoint made an effect for to the key its call
+// named as the one it undoes (Refund's charge key); a key whose call named
+// none maps to "".
+func (p *Provider) Undoes(endpoint string) map[string]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	undoes := map[string]string{}
+	for key := range p.effects[endpoint] {
+		undoes[key] = p.undoes[endpoint][key]
+	}
+	return undoes
 }
 
 // Keys are the keys endpoint was called with, in call order, repeats
@@ -231,11 +263,32 @@ func (p *Provider) MaxCalls(endpoint string) int {
 	return most
 }
 
+// Refund is the checkout charge's compensation, for foreign.Compensate:
+// it refunds the charge c.Compensates names, with c.Key, its own derived
+// key, at the Provider at providerURL.
+func Refund(providerURL string) func(ctx context.Context, c *foreign.Call[Order, State]) error {
+	return func(ctx context.Context, c *foreign.Call[Order, State]) error {
+		_, err := CallUndoing(ctx, providerURL, "refunds", c.Key, c.Compensates)
+		return err
+	}
+}
+
 // Call posts to endpoint of the Provider at providerURL with key and
 // returns the id it answers. A status other than 2xx is classified by
 // foreign.CheckResponse.
 func Call(ctx context.Context, providerURL, endpoint, key string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, providerURL+"/"+endpoint, nil)
+	return CallUndoing(ctx, providerURL, endpoint, key, "")
+}
+
+// CallUndoing is Call for a call that undoes the effect made with the key
+// of (a refund of a charge): the Provider remembers it (Provider.Undoes).
+// An empty of names none.
+func CallUndoing(ctx context.Context, providerURL, endpoint, key, of string) (string, error) {
+	target := providerURL + "/" + endpoint
+	if of != "" {
+		target += "?" + url.Values{"of": {of}}.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, nil)
 	if err != nil {
 		return "", err
 	}
