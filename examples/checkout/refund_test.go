@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -139,4 +140,18 @@ func TestPaidAndDeclinedAreNotRefunded(t *testing.T) {
 	require.Nil(t, charges[0].Refund)
 	require.Equal(t, 2, e.count(`SELECT count(*) FROM onceflow_keys WHERE status = 'completed'`))
 	require.Equal(t, 1, e.count(`SELECT count(*) FROM checkout_orders WHERE status = 'paid'`))
+}
+
+// TestCrashAtNamesACrashPoint: --crash-at takes a crash point by its name,
+// the refund's included, and lists them when given another; like
+// --crash-after, it needs a database and a provider that outlive it.
+func TestCrashAtNamesACrashPoint(t *testing.T) {
+	e := newEnv(t)
+	out, err := exec.Command(binary, "serve", "--crash-at", "nope").CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "--crash-at needs --database-url and --provider-url")
+	out, err = exec.Command(binary, "serve", "--database-url", e.dbURL, "--provider-url", e.provider, "--crash-at", "nope").CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), `--crash-at "nope": the crash points are "before create_order", `)
+	require.Contains(t, string(out), `"after charge's compensation call"`)
 }

@@ -42,8 +42,10 @@ type serveFlags struct {
 // serve runs the checkout API until ctx ends.
 func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	if (f.crashAfter != "" || f.crashAt != "") && (f.databaseURL == "" || f.providerURL == "") {
-		return errors.New("--crash-after and --crash-at need --database-url and --provider-url: the throwaway database and the in-process provider die with the process, and the retry would find nothing to resume")
+	for flag, value := range map[string]string{"--crash-after": f.crashAfter, "--crash-at": f.crashAt} {
+		if value != "" && (f.databaseURL == "" || f.providerURL == "") {
+			return fmt.Errorf("%s needs --database-url and --provider-url: the throwaway database and the in-process provider die with the process, and the retry would find nothing to resume", flag)
+		}
 	}
 	auth, err := authFrom(f, stdout, logger)
 	if err != nil {
