@@ -103,6 +103,10 @@ type CheckoutState struct {
 	Declined    bool   `json:"declined,omitempty"`
 	AmountCents int64  `json:"amount_cents"`
 	Currency    string `json:"currency"`
+	// ChargedCents and ChargedCurrency are what the provider answered it
+	// charged, which record_charge checks against the order.
+	ChargedCents    int64  `json:"charged_cents,omitempty"`
+	ChargedCurrency string `json:"charged_currency,omitempty"`
 }
 
 // schemaSQL is the checkout's own tables. It runs under an advisory lock so
@@ -135,13 +139,16 @@ type app struct {
 	logger   *slog.Logger
 }
 
-// checkout declares create_order → charge → record_charge.
+// checkout declares create_order → charge → record_charge. A checkout that
+// fails for good before record_charge has committed (record_charge aborts
+// on a charge that does not match the order) refunds its charge; once
+// record_charge has committed, the order is paid and nothing is undone.
 func (a *app) checkout() *workflow.Workflow[CheckoutRequest, CheckoutState] {
 	return workflow.Define("checkout",
 		phase.Atomic("create_order", a.createOrder),
-		foreign.Mutation("charge", a.charge),
+		foreign.Mutation("charge", a.charge, foreign.Compensate(a.refund)),
 		phase.Atomic("record_charge", a.recordCharge),
-	).Finish(paidResponse)
+	).PointOfNoReturn("record_charge").Finish(paidResponse)
 }
 
 // paidResponse is the checkout's answer once the order is paid.
@@ -188,7 +195,7 @@ func (a *app) charge(ctx context.Context, c *foreign.Call[CheckoutRequest, Check
 		if err := json.NewDecoder(resp.Body).Decode(&ch); err != nil {
 			return fmt.Errorf("payment provider answer: %w", err)
 		}
-		c.State.ChargeID = ch.ID
+		c.State.ChargeID, c.State.ChargedCents, c.State.ChargedCurrency = ch.ID, ch.AmountCents, ch.Currency
 		return nil
 	case http.StatusPaymentRequired:
 		c.State.Declined = true // recorded by the next phase, which answers 402
@@ -198,7 +205,39 @@ func (a *app) charge(ctx context.Context, c *foreign.Call[CheckoutRequest, Check
 	}
 }
 
+// refund is charge's compensation: it refunds the charge made with the
+// step's key (c.Compensates) under a key of its own (c.Key). A charge the
+// provider never made (the charge was lost on its way, or declined) is
+// nothing to undo, and neither is one refunded already: the provider
+// answers 404 (and refuses that charge if it arrives later) or 409.
+func (a *app) refund(ctx context.Context, c *foreign.Call[CheckoutRequest, CheckoutState]) error {
+	body, _ := json.Marshal(RefundRequest{ChargeKey: c.Compensates})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.provider+"/refunds", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	foreign.SetHeader(req, c.Key)
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("payment provider: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusConflict {
+		return nil
+	}
+	if err := foreign.CheckResponse(resp); err != nil {
+		return fmt.Errorf("payment provider refund: %w", err)
+	}
+	return nil
+}
+
 func (a *app) recordCharge(ctx context.Context, tx pgx.Tx, r *phase.Run[CheckoutRequest, CheckoutState]) error {
+	if s := &r.State; s.ChargedCurrency != "" && (s.ChargedCents != s.AmountCents || s.ChargedCurrency != s.Currency) {
+		// (A state committed by a release that did not keep the charged
+		// amount has no ChargedCurrency: its charge is taken as it is.)
+		return cancelMischarged(ctx, tx, s)
+	}
 	if r.State.Declined {
 		if _, err := tx.Exec(ctx, `UPDATE checkout_orders SET status = 'declined' WHERE id = $1`, r.State.OrderID); err != nil {
 			return err
@@ -215,6 +254,19 @@ func (a *app) recordCharge(ctx context.Context, tx pgx.Tx, r *phase.Run[Checkout
 		Payload: map[string]any{"order_id": r.State.OrderID, "customer_id": r.Request.CustomerID,
 			"amount_cents": r.State.AmountCents, "currency": r.State.Currency},
 	})
+}
+
+// cancelMischarged cancels an order the provider charged another amount
+// for, and aborts the checkout: the engine refunds the charge (refund),
+// then answers the stored 502.
+func cancelMischarged(ctx context.Context, tx pgx.Tx, s *CheckoutState) error {
+	if _, err := tx.Exec(ctx, `UPDATE checkout_orders SET status = 'cancelled', charge_id = $2 WHERE id = $1`,
+		s.OrderID, s.ChargeID); err != nil {
+		return err
+	}
+	return workflow.Abort(workflow.Problem(http.StatusBadGateway, fmt.Sprintf(
+		"the payment provider charged %d %s for order %s of %d %s; the charge is refunded and the order is cancelled",
+		s.ChargedCents, s.ChargedCurrency, s.OrderID, s.AmountCents, s.Currency)))
 }
 
 // sendReceipt is the outbox consumer: it records the receipt in the same

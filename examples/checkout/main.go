@@ -1,7 +1,7 @@
 // Command checkout is onceflow's example service: a checkout API whose
 // create-order, charge, record-charge workflow survives crashes and retries
-// without charging twice, a fake payment provider, and a demo that tells the
-// story.
+// without charging twice (and refunds, once, a charge it cannot keep), a
+// fake payment provider, and a demo that tells the story.
 //
 //	checkout demo                 the story, on a throwaway PostgreSQL
 //	checkout serve [flags]        the checkout API
@@ -47,6 +47,8 @@ func newRoot() *cobra.Command {
 		Long: `serve runs POST /v1/checkouts (create_order, then charge at the payment provider,
 then record_charge, which also enqueues a receipt) and GET /v1/orders/{order_id},
 with a sweeper that finishes checkouts whose client went away and sends receipts.
+When the provider charged another amount than the order's, record_charge cancels
+the order and the charge is refunded: the answer is a stored 502.
 
 Every request is authenticated: with --api-keys FILE, by its bearer token (each
 line of FILE is "TOKEN TENANT"; an X-Tenant-ID header is ignored); with
@@ -70,6 +72,7 @@ onceflow command (onceflow keys list, onceflow outbox list).`,
 	flags.DurationVar(&f.dbTimeout, "db-timeout", workflow.DBTimeoutDefault, "how long a request waits for a connection and its claim before it is answered 503")
 	flags.DurationVar(&f.sweepEvery, "sweep-every", 10*time.Second, "how often the sweeper finishes abandoned checkouts and sends receipts")
 	flags.StringVar(&f.crashAfter, "crash-after", "", "exit at once (code 3) right after this step: create_order, charge or record_charge")
+	flags.StringVar(&f.crashAt, "crash-at", "", `exit at once (code 3) at this crash point, e.g. "after charge's compensation call" (the refund's)`)
 	flags.StringVar(&f.stopAfter, "stop-after", "", "for tests: stop (SIGSTOP to itself) once right after this step, until a SIGCONT")
 	flags.StringVar(&f.apiKeys, "api-keys", "", "file of API keys, one \"TOKEN TENANT\" a line; requests send Authorization: Bearer TOKEN (default: one new key for tenant demo, printed)")
 	flags.BoolVar(&f.trustTenantHeader, "trust-tenant-header", false, "take the tenant from the X-Tenant-ID header instead of an API key: only behind a proxy that authenticates clients and sets it")
@@ -81,8 +84,12 @@ onceflow command (onceflow keys list, onceflow outbox list).`,
 		Use:   "provider",
 		Short: "Run the fake payment provider",
 		Long: `provider serves POST /charges, which deduplicates by Idempotency-Key (the same key
-answers the same; the same key with another body is 422; card tok_decline is 402),
-and GET /charges, which lists every charge made.`,
+answers the same; the same key with another body is 422; card tok_decline is 402;
+card tok_wrong_amount is charged one cent more than asked), POST /refunds, which
+refunds the charge {"charge_idempotency_key": KEY} once, deduplicated by its own
+Idempotency-Key (404 when no charge was made with KEY, which then refuses a charge
+with KEY, 409; 409 when the charge was refunded already), and GET /charges, which
+lists every charge made, with its refund.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			srv, addr, err := listen(cmd.Context(), providerAddr, newProvider().routes(), defaultLimits)

@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -26,22 +28,24 @@ import (
 	"github.com/onceflow/onceflow/workflow"
 )
 
-// crashExitCode is the exit code of --crash-after.
+// crashExitCode is the exit code of --crash-after and --crash-at.
 const crashExitCode = 3
 
 type serveFlags struct {
-	addr, databaseURL, providerURL, crashAfter, stopAfter string
-	lease, sweepEvery, dbTimeout                          time.Duration
-	apiKeys                                               string
-	trustTenantHeader                                     bool
-	limits                                                serverLimits
+	addr, databaseURL, providerURL, crashAfter, crashAt, stopAfter string
+	lease, sweepEvery, dbTimeout                                   time.Duration
+	apiKeys                                                        string
+	trustTenantHeader                                              bool
+	limits                                                         serverLimits
 }
 
 // serve runs the checkout API until ctx ends.
 func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	if f.crashAfter != "" && (f.databaseURL == "" || f.providerURL == "") {
-		return errors.New("--crash-after needs --database-url and --provider-url: the throwaway database and the in-process provider die with the process, and the retry would find nothing to resume")
+	for flag, value := range map[string]string{"--crash-after": f.crashAfter, "--crash-at": f.crashAt} {
+		if value != "" && (f.databaseURL == "" || f.providerURL == "") {
+			return fmt.Errorf("%s needs --database-url and --provider-url: the throwaway database and the in-process provider die with the process, and the retry would find nothing to resume", flag)
+		}
 	}
 	auth, err := authFrom(f, stdout, logger)
 	if err != nil {
@@ -87,7 +91,7 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	}
 	a := &app{db: db, outbox: ob, provider: providerURL, client: &http.Client{Timeout: 10 * time.Second}, logger: logger}
 	checkout := a.checkout()
-	hooks, err := crashHooks(checkout, f.crashAfter, f.stopAfter, stderr)
+	hooks, err := crashHooks(checkout, f, stderr)
 	if err != nil {
 		return err
 	}
@@ -193,21 +197,28 @@ func newSweeper(db *pgxpool.Pool, engine *workflow.Engine, a *app, every time.Du
 }
 
 // crashHooks makes the process exit at once, with no cleanup, right after
-// the step crashAfter has finished: after its commit, or for a foreign step
-// after its call returned (before its result is committed). At the same
-// point of the step stopAfter, the process stops itself (SIGSTOP), once,
-// until it gets a SIGCONT: a test's way to pause an owner where no
-// transaction, call or timer of its attempt is under way.
-func crashHooks(wf workflow.Definition, crashAfter, stopAfter string, stderr io.Writer) (*workflow.Hooks, error) {
-	crash, err := pointAfter(wf, "--crash-after", crashAfter)
+// the step f.crashAfter has finished: after its commit, or for a foreign
+// step after its call returned (before its result is committed); or at the
+// crash point f.crashAt names. At the same point of the step f.stopAfter,
+// the process stops itself (SIGSTOP), once, until it gets a SIGCONT: a
+// test's way to pause an owner where no transaction, call or timer of its
+// attempt is under way.
+func crashHooks(wf workflow.Definition, f serveFlags, stderr io.Writer) (*workflow.Hooks, error) {
+	if f.crashAfter != "" && f.crashAt != "" {
+		return nil, errors.New("--crash-after and --crash-at exclude each other: the process dies once")
+	}
+	crash, err := pointAfter(wf, "--crash-after", f.crashAfter)
+	if err == nil && f.crashAt != "" {
+		crash, err = pointNamed(wf, f.crashAt)
+	}
 	if err != nil {
 		return nil, err
 	}
-	stop, err := pointAfter(wf, "--stop-after", stopAfter)
+	stop, err := pointAfter(wf, "--stop-after", f.stopAfter)
 	if err != nil {
 		return nil, err
 	}
-	if crashAfter == "" && stopAfter == "" {
+	if crash == (workflow.CrashPoint{}) && stop == (workflow.CrashPoint{}) {
 		return nil, nil
 	}
 	var stopped atomic.Bool
@@ -257,6 +268,20 @@ func pointAfter(wf workflow.Definition, flag, step string) (workflow.CrashPoint,
 		point.Kind = workflow.AfterForeignCall
 	}
 	return point, nil
+}
+
+// pointNamed is the crash point of wf that name describes
+// (CrashPoint.String): a point of a run, or of its compensation.
+func pointNamed(wf workflow.Definition, name string) (workflow.CrashPoint, error) {
+	points := append(workflow.CrashPoints(wf), workflow.CompensationPoints(wf)...)
+	var names []string
+	for _, p := range points {
+		if p.String() == name {
+			return p, nil
+		}
+		names = append(names, strconv.Quote(p.String()))
+	}
+	return workflow.CrashPoint{}, fmt.Errorf("--crash-at %q: the crash points are %s", name, strings.Join(names, ", "))
 }
 
 // serverLimits bound what a client can make a server hold: a connection
