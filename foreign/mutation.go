@@ -35,7 +35,7 @@ func keyStep[Req, State any](r *phase.Run[Req, State]) string { return cmp.Or(r.
 // it: send c.Key.
 //
 // opts may add a Retry policy (tries within the attempt, every one with
-// the same c.Key) and a Timeout per try. Mutation panics on an option out
+// the same c.Key), a Timeout per try, and a Limit that paces the tries. Mutation panics on an option out
 // of range, as workflow.Define panics on a broken definition.
 func Mutation[Req, State any](name string, fn func(ctx context.Context, c *Call[Req, State]) error, opts ...Option) phase.Step[Req, State] {
 	o := newOptions(name, opts)
@@ -45,7 +45,8 @@ func Mutation[Req, State any](name string, fn func(ctx context.Context, c *Call[
 		if r.Retried != nil {
 			retried = func(try int, err error, wait time.Duration) { r.Retried(r.Step, try, err, wait) }
 		}
-		return o.run(ctx, r.Lease, retried, func(ctx context.Context) error { return fn(ctx, c) })
+		t := tries{lease: r.Lease, retried: retried, pacer: r.Pacer, tenant: r.Key.Tenant}
+		return o.run(ctx, t, func(ctx context.Context) error { return fn(ctx, c) })
 	})
 }
 

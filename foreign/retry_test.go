@@ -115,6 +115,9 @@ func (s *seen) StepRetried(workflow, step string) {
 	}
 	s.retries[workflow+" "+step]++
 }
+func (*seen) PaceWaited(string, time.Duration)    {}
+func (*seen) PaceDeferred(string)                 {}
+func (*seen) CircuitOpened(string, time.Duration) {}
 
 func (s *seen) Enabled(context.Context, slog.Level) bool { return true }
 func (s *seen) WithAttrs([]slog.Attr) slog.Handler       { return s }

@@ -420,6 +420,9 @@ func (o *operations) Claimed(workflow, _ string) {
 func (o *operations) StepFinished(string, string, time.Duration, error) {}
 func (o *operations) LeaseLost(string)                                  {}
 func (o *operations) StepRetried(string, string)                        {}
+func (*operations) PaceWaited(string, time.Duration)                    {}
+func (*operations) PaceDeferred(string)                                 {}
+func (*operations) CircuitOpened(string, time.Duration)                 {}
 func (o *operations) Parked(string)                                     {}
 
 // TestAttackRandomPathsMakeOneOperation: where no route pattern matched,

@@ -32,6 +32,9 @@ type Metrics struct {
 	parked      *prometheus.CounterVec
 	steps       *prometheus.HistogramVec
 	retries     *prometheus.CounterVec
+	paceWaits   *prometheus.HistogramVec
+	paceDefers  *prometheus.CounterVec
+	circuits    *prometheus.CounterVec
 	resumes     *prometheus.CounterVec
 	pruned      *prometheus.CounterVec
 	outbox      *prometheus.CounterVec
@@ -68,6 +71,19 @@ func New() *Metrics {
 			Name: "onceflow_step_retries_total",
 			Help: "Calls that steps retried within an attempt (foreign.Retry), one per retry.",
 		}, []string{"workflow", "step"}),
+		paceWaits: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "onceflow_pace_wait_seconds",
+			Help:    "How long paced calls (foreign.Limit) waited for their turn, by downstream; calls that did not wait are not observed.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"downstream"}),
+		paceDefers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_pace_deferrals_total",
+			Help: "Paced calls whose turn was too far off, so that their key was deferred instead, by downstream.",
+		}, []string{"downstream"}),
+		circuits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_pace_circuit_opened_total",
+			Help: "Answers (429 with Retry-After) that held back every call to a downstream, by downstream.",
+		}, []string{"downstream"}),
 		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_resumes_total",
 			Help: "Abandoned records the completer resumed, by result (ok or error).",
@@ -110,7 +126,7 @@ func New() *Metrics {
 // Collectors returns onceflow's collectors, to register with a registry of
 // your own.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.claims, m.leaseLost, m.parked, m.steps, m.retries, m.resumes, m.pruned, m.outbox, m.abandoned,
+	return []prometheus.Collector{m.claims, m.leaseLost, m.parked, m.steps, m.retries, m.paceWaits, m.paceDefers, m.circuits, m.resumes, m.pruned, m.outbox, m.abandoned,
 		m.parkedNow, m.oldest, m.taskRuns, m.taskSeconds}
 }
 
@@ -141,6 +157,19 @@ func (m *Metrics) StepFinished(workflow, step string, took time.Duration, err er
 
 // StepRetried counts a retry within a step (workflow.Observer).
 func (m *Metrics) StepRetried(workflow, step string) { m.retries.WithLabelValues(workflow, step).Inc() }
+
+// PaceWaited times a paced call's wait for its turn (workflow.Observer).
+func (m *Metrics) PaceWaited(downstream string, waited time.Duration) {
+	m.paceWaits.WithLabelValues(downstream).Observe(waited.Seconds())
+}
+
+// PaceDeferred counts a paced call that deferred its key (workflow.Observer).
+func (m *Metrics) PaceDeferred(downstream string) { m.paceDefers.WithLabelValues(downstream).Inc() }
+
+// CircuitOpened counts an opened circuit (workflow.Observer).
+func (m *Metrics) CircuitOpened(downstream string, _ time.Duration) {
+	m.circuits.WithLabelValues(downstream).Inc()
+}
 
 // LeaseLost counts a lost lease (workflow.Observer).
 func (m *Metrics) LeaseLost(workflow string) { m.leaseLost.WithLabelValues(workflow).Inc() }

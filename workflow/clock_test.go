@@ -411,10 +411,13 @@ type stepTimes struct {
 	took map[string]time.Duration
 }
 
-func (s *stepTimes) Claimed(string, string)     {}
-func (s *stepTimes) LeaseLost(string)           {}
-func (s *stepTimes) StepRetried(string, string) {}
-func (s *stepTimes) Parked(string)              {}
+func (s *stepTimes) Claimed(string, string)            {}
+func (s *stepTimes) LeaseLost(string)                  {}
+func (s *stepTimes) StepRetried(string, string)        {}
+func (*stepTimes) PaceWaited(string, time.Duration)    {}
+func (*stepTimes) PaceDeferred(string)                 {}
+func (*stepTimes) CircuitOpened(string, time.Duration) {}
+func (s *stepTimes) Parked(string)                     {}
 func (s *stepTimes) StepFinished(_, step string, took time.Duration, _ error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

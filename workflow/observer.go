@@ -36,6 +36,15 @@ type Observer interface {
 	// StepRetried reports a call that a step retries within its attempt
 	// (foreign.Retry), once per retry.
 	StepRetried(workflow, step string)
+	// PaceWaited reports a call that waited for its turn (foreign.Limit)
+	// before it started, and how long.
+	PaceWaited(downstream string, waited time.Duration)
+	// PaceDeferred reports a call that deferred its key because its turn
+	// was too far off (foreign.WaitError).
+	PaceDeferred(downstream string)
+	// CircuitOpened reports an answer (a 429 with Retry-After) that held
+	// back every call to downstream for open.
+	CircuitOpened(downstream string, open time.Duration)
 }
 
 // claimOutcome names the outcome of a claim for an Observer; "" for errors

@@ -788,6 +788,9 @@ func (p *parkings) Claimed(workflow, outcome string) {
 func (p *parkings) StepFinished(string, string, time.Duration, error) {}
 func (p *parkings) LeaseLost(string)                                  {}
 func (p *parkings) StepRetried(string, string)                        {}
+func (*parkings) PaceWaited(string, time.Duration)                    {}
+func (*parkings) PaceDeferred(string)                                 {}
+func (*parkings) CircuitOpened(string, time.Duration)                 {}
 func (p *parkings) Parked(workflow string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
