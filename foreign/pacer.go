@@ -52,6 +52,7 @@ type PacerConfig struct {
 // outside workflows.
 type Pacer struct {
 	db     recovery.DBTX
+	schema string
 	limits map[string]Pace
 	cfg    PacerConfig
 	sql    pacerSQL
@@ -62,6 +63,9 @@ type Pacer struct {
 var _ phase.Pacer = (*Pacer)(nil)
 
 type pacerSQL struct{ reserve, open, claim, slots, renew, release string }
+
+// notMigrated names the migration a statement's missing table needs.
+func (p *Pacer) notMigrated(err error) error { return recovery.NotMigrated(p.schema, err) }
 
 // NewPacer returns a Pacer for cfg.Limits in db. A Pace out of range, or a
 // name a Limit would refuse, is an error matching ErrInvalidPace.
@@ -78,7 +82,7 @@ func NewPacer(db recovery.DBTX, cfg PacerConfig) (*Pacer, error) {
 			return nil, fmt.Errorf("%w: downstream %q: %v", ErrInvalidPace, name, err)
 		}
 	}
-	return &Pacer{db: db, limits: maps.Clone(cfg.Limits), cfg: cfg, sleep: sleep, sql: pacerSQL{
+	return &Pacer{db: db, schema: schema, limits: maps.Clone(cfg.Limits), cfg: cfg, sleep: sleep, sql: pacerSQL{
 		reserve: dbschema.Expand(reserveSQL, schema), open: dbschema.Expand(openSQL, schema),
 		claim: dbschema.Expand(claimSlotSQL, schema), slots: dbschema.Expand(makeSlotsSQL, schema),
 		renew: dbschema.Expand(renewSlotSQL, schema), release: dbschema.Expand(releaseSlotSQL, schema),
@@ -164,7 +168,7 @@ func (p *Pacer) takeToken(ctx context.Context, t *turn) error {
 		left := max(t.left(), 0)
 		err := p.db.QueryRow(ctx, p.sql.reserve, t.downstream, t.scope, rate, burst, left.Seconds()).Scan(&granted, &secs, &circuit)
 		if err != nil {
-			return fmt.Errorf("pace %s: take a token: %w", t.downstream, err)
+			return fmt.Errorf("pace %s: take a token: %w", t.downstream, p.notMigrated(err))
 		}
 		wait := time.Duration(secs * float64(time.Second))
 		switch {
@@ -230,11 +234,11 @@ func (p *Pacer) claimSlot(ctx context.Context, t *turn, holder uuid.UUID) (bool,
 			return true, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return false, fmt.Errorf("pace %s: claim a slot: %w", t.downstream, err)
+			return false, fmt.Errorf("pace %s: claim a slot: %w", t.downstream, p.notMigrated(err))
 		}
 		made, err := p.db.Exec(ctx, p.sql.slots, t.downstream, t.scope, t.pace.Concurrency)
 		if err != nil {
-			return false, fmt.Errorf("pace %s: make slots: %w", t.downstream, err)
+			return false, fmt.Errorf("pace %s: make slots: %w", t.downstream, p.notMigrated(err))
 		}
 		if made.RowsAffected() == 0 {
 			return false, nil
@@ -252,7 +256,7 @@ func (p *Pacer) keepSlot(ctx context.Context, t *turn, holder uuid.UUID) (contex
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(t.lease / 3)
+		tick := time.NewTicker(max(t.lease/3, time.Millisecond))
 		defer tick.Stop()
 		renewed := time.Now()
 		for {
