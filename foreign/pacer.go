@@ -113,14 +113,14 @@ func (p *Pacer) Pace(ctx context.Context, downstream, tenant string, lease time.
 	if pace.Concurrency > 0 {
 		held, err := p.takeSlot(ctx, &t)
 		if err != nil {
-			return p.notDeferred(err)
+			return p.reportDeferral(err)
 		}
 		var stop context.CancelFunc
 		ctx, stop = p.keepSlot(ctx, &t, held)
 		defer stop()
 	}
 	if err := p.takeToken(ctx, &t); err != nil {
-		return p.notDeferred(err)
+		return p.reportDeferral(err)
 	}
 	if t.waited && p.cfg.Waited != nil {
 		p.cfg.Waited(downstream, time.Since(t.started))
@@ -145,9 +145,9 @@ type turn struct {
 // left is how much longer t may wait before it defers.
 func (t *turn) left() time.Duration { return t.limit - time.Since(t.started) }
 
-// notDeferred reports err to Deferred when it is a deferral, and returns
+// reportDeferral reports err to Deferred when it is a deferral, and returns
 // it.
-func (p *Pacer) notDeferred(err error) error {
+func (p *Pacer) reportDeferral(err error) error {
 	var w *WaitError
 	if p.cfg.Deferred != nil && errors.As(err, &w) {
 		p.cfg.Deferred(w.Downstream, w)
