@@ -232,13 +232,15 @@ func TestPaceCircuitDefersALongWait(t *testing.T) {
 }
 
 // A step under a Limit the engine has no Pace for fails with
-// ErrUnknownDownstream and calls nothing; a Pace out of range is refused
-// when the engine is made.
+// ErrUnknownDownstream, calls nothing and is not retried; a Pace out of
+// range is refused when the engine is made. (Mutation caught: the error
+// retried within the attempt.)
 func TestPaceUnknownDownstreamAndBadPace(t *testing.T) {
-	s := newShop(t, workflow.Config{}, foreign.Limit("payments"))
+	s := newShop(t, workflow.Config{}, foreign.Limit("payments"), foreign.Retry{Max: 3})
 	_, err := s.checkout.Run(s.ctx, s.engine, acme, order)
 	require.ErrorIs(t, err, foreign.ErrUnknownDownstream)
 	require.Empty(t, s.provider.Arrivals())
+	require.Empty(t, s.waits.all(), "no retry: no try can change the engine's configuration")
 
 	for _, p := range []foreign.Pace{{Concurrency: -1}, {Rate: -1}, {Burst: 2}, {Concurrency: foreign.PaceConcurrencyLimit + 1}} {
 		_, err := workflow.NewEngine(s.db, workflow.Config{Pacing: map[string]foreign.Pace{"payments": p}})
@@ -392,4 +394,25 @@ func TestPaceThroughPgBouncer(t *testing.T) {
 	require.Empty(t, f.runAll(6))
 	require.Equal(t, 18, f.provider.Effects("charges"))
 	require.LessOrEqual(t, f.provider.MaxConcurrent(), concurrency)
+}
+
+// A Pace per tenant limits each tenant apart: with tenant acme's one slot
+// held, another tenant's call goes through at once, and acme's next one
+// waits its turn (here: defers, its lease being short). (Mutation caught:
+// the tenant ignored, so every tenant shares one slot.)
+func TestPacePerTenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.NewDatabase(t, dbtest.Options{})
+	p, _ := pacer(t, url, map[string]foreign.Pace{"payments": {Concurrency: 1, PerTenant: true}})
+
+	release := make(chan struct{})
+	held := blocked(ctx, p, time.Minute, release) // tenant acme
+	require.NoError(t, p.Pace(ctx, "payments", "globex", 300*time.Millisecond, func(context.Context) error { return nil }))
+	err := p.Pace(ctx, "payments", "acme", 300*time.Millisecond, func(context.Context) error { return nil })
+	var wait *foreign.WaitError
+	require.ErrorAs(t, err, &wait)
+	require.Equal(t, "acme", wait.Tenant)
+	close(release)
+	require.NoError(t, <-held)
 }

@@ -42,7 +42,9 @@ type Option interface {
 //     lost): the step stops;
 //   - a workflow outcome (workflow.Respond, workflow.Reject) or a
 //     phase.DeferError the function returns: they end the step as they
-//     would without Retry.
+//     would without Retry;
+//   - ErrUnknownDownstream (a Limit the engine has no Pace for): no try
+//     can change the engine's configuration.
 //
 // Before try n+1 it waits the backoff, Base·2^(n-1) but at most Cap (with
 // Jitter, a random wait between zero and that: "full jitter", so that the
@@ -171,7 +173,7 @@ func retryable(ctx context.Context, err error) bool {
 		answer   final
 	)
 	switch {
-	case ctx.Err() != nil, phase.IsPermanent(err), errors.As(err, &deferred):
+	case ctx.Err() != nil, phase.IsPermanent(err), errors.As(err, &deferred), errors.Is(err, ErrUnknownDownstream):
 		return false
 	case errors.As(err, &answer) && answer.Final():
 		return false
