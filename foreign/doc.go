@@ -25,4 +25,16 @@
 // for a wait longer than a third of the engine's lease, the step returns a
 // phase.DeferError and the key is handed back until then, instead of being
 // held idle.
+//
+// # Pacing
+//
+// After an outage, the completer finds every abandoned call at once. A
+// [Limit] puts a Mutation's tries under the engine's [Pace] for a
+// downstream (workflow.Config Pacing): at most Concurrency calls at once
+// and Rate a second, across every process sharing the database, and a
+// circuit that a 429 with Retry-After opens for every key. The [Pacer]
+// keeps them in PostgreSQL, one autocommit statement at a time, so it
+// works behind PgBouncer; a waiting step holds no transaction and no
+// connection, and a turn further off than a third of the lease defers the
+// key with a [*WaitError].
 package foreign

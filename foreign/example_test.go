@@ -110,3 +110,73 @@ func ExampleRetry() {
 	// 200 {"ID":"ch_1"}
 	// 2 calls, one key: true
 }
+
+// Ten payments at once to a provider that serves two at a time: the charge
+// step is under Limit("payments"), and the engine's Pace for it lets two
+// calls run at once, in this process and in every other that shares the
+// database. The provider never sees a third.
+func ExampleLimit() {
+	ctx := context.Background()
+	db, err := pgxpool.New(ctx, os.Getenv("ONCEFLOW_DATABASE_URL")) // migrated with package migrations
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+
+	var (
+		mu            sync.Mutex
+		running, most int
+	)
+	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		running++
+		most = max(most, running)
+		mu.Unlock()
+		time.Sleep(10 * time.Millisecond) // a call takes a while
+		mu.Lock()
+		running--
+		mu.Unlock()
+		fmt.Fprint(w, `{"id":"ch_1"}`)
+	}))
+	defer provider.Close()
+
+	type Payment struct{ AmountCents int64 }
+	type Charged struct{ ID string }
+	pay := workflow.Define("example_paced_pay",
+		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Payment, Charged]) error {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, provider.URL+"/charges", nil)
+			if err != nil {
+				return foreign.Permanent(err)
+			}
+			foreign.SetHeader(req, c.Key)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			if err := foreign.CheckResponse(resp); err != nil {
+				return err // a 429 with Retry-After also holds every other key back
+			}
+			return json.NewDecoder(resp.Body).Decode(&c.State)
+		}, foreign.Limit("payments")),
+	)
+
+	engine, err := workflow.NewEngine(db, workflow.Config{
+		Pacing: map[string]foreign.Pace{"payments": {Concurrency: 2, Rate: 100, Burst: 10}},
+	})
+	if err != nil {
+		panic(err)
+	}
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {
+			if _, err := pay.Run(ctx, engine, workflow.Key{Tenant: "acme", ID: uuid.NewString()}, Payment{AmountCents: 1999}); err != nil {
+				panic(err)
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println("at most", most, "calls at once")
+	// Output:
+	// at most 2 calls at once
+}

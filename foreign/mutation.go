@@ -40,10 +40,11 @@ func keyStep[Req, State any](r *phase.Run[Req, State]) string { return cmp.Or(r.
 // it: send c.Key.
 //
 // opts may add a Retry policy (tries within the attempt, every one with
-// the same c.Key), a Timeout per try, and a compensation (Compensate),
-// which runs under the same Retry and Timeout. Mutation panics on an option
-// out of range, or a compensation of other Req and State types, as
-// workflow.Define panics on a broken definition.
+// the same c.Key), a Timeout per try, a Limit that paces the tries, and a
+// compensation (Compensate), which runs under the same Retry, Timeout and
+// Limit. Mutation panics on an option out of range, or a compensation of
+// other Req and State types, as workflow.Define panics on a broken
+// definition.
 func Mutation[Req, State any](name string, fn func(ctx context.Context, c *Call[Req, State]) error, opts ...Option) phase.Step[Req, State] {
 	o := newOptions(name, opts)
 	step := phase.Foreign(name, wrap(&o, fn, false))
@@ -74,7 +75,8 @@ func wrap[Req, State any](o *options, fn func(ctx context.Context, c *Call[Req, 
 		if r.Retried != nil {
 			retried = func(try int, err error, wait time.Duration) { r.Retried(r.Step, try, err, wait) }
 		}
-		return o.run(ctx, r.Lease, retried, func(ctx context.Context) error { return fn(ctx, c) })
+		t := tries{lease: r.Lease, retried: retried, pacer: r.Pacer, tenant: r.Key.Tenant}
+		return o.run(ctx, t, func(ctx context.Context) error { return fn(ctx, c) })
 	}
 }
 

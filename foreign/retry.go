@@ -43,7 +43,9 @@ type Option interface {
 //     lost): the step stops;
 //   - a workflow outcome (workflow.Respond, workflow.Reject) or a
 //     phase.DeferError the function returns: they end the step as they
-//     would without Retry.
+//     would without Retry;
+//   - ErrUnknownDownstream (a Limit the engine has no Pace for): no try
+//     can change the engine's configuration.
 //
 // Before try n+1 it waits the backoff, Base·2^(n-1) but at most Cap (with
 // Jitter, a random wait between zero and that: "full jitter", so that the
@@ -128,6 +130,8 @@ type options struct {
 	retry   Retry         // with its defaults filled in
 	timeout time.Duration // 0: none
 	undo    any           // a compensation[Req, State], or nil
+	// downstream is the Pace the calls go through (Limit); "": none.
+	downstream string
 	// sleep waits d or until ctx ends; tests replace it (export_test.go).
 	sleep func(ctx context.Context, d time.Duration) error
 }
@@ -171,7 +175,7 @@ func retryable(ctx context.Context, err error) bool {
 		answer   final
 	)
 	switch {
-	case ctx.Err() != nil, phase.IsPermanent(err), errors.As(err, &deferred):
+	case ctx.Err() != nil, phase.IsPermanent(err), errors.As(err, &deferred), errors.Is(err, ErrUnknownDownstream):
 		return false
 	case errors.As(err, &answer) && answer.Final():
 		return false
@@ -180,17 +184,17 @@ func retryable(ctx context.Context, err error) bool {
 }
 
 // run calls try until it succeeds, fails for good, or o's tries are spent,
-// waiting between tries as Retry says. lease is the engine's lease (0: none
-// known, so nothing defers); retried, if set, hears of each retry before
-// its wait.
-func (o *options) run(ctx context.Context, lease time.Duration, retried func(try int, err error, wait time.Duration),
-	try func(ctx context.Context) error) error {
+// waiting between tries as Retry says, each try paced by t's pacer when o
+// has a Limit. t.lease is the engine's lease (0: none known, so nothing
+// defers); t.retried, if set, hears of each retry before its wait.
+func (o *options) run(ctx context.Context, t tries, try func(ctx context.Context) error) error {
+	lease, retried := t.lease, t.retried
 	limit := time.Duration(math.MaxInt64) // the longest wait that holds the key: none known without a lease
 	if lease > 0 {
 		limit = lease / 3
 	}
 	for n := 1; ; n++ {
-		err := o.once(ctx, try)
+		err := o.paced(ctx, t, try)
 		if err == nil || !retryable(ctx, err) {
 			return err
 		}
@@ -213,6 +217,26 @@ func (o *options) run(ctx context.Context, lease time.Duration, retried func(try
 			return fmt.Errorf("%w (stopped before try %d: %w)", err, n+1, stopped)
 		}
 	}
+}
+
+// tries is what run needs of the attempt.
+type tries struct {
+	lease   time.Duration
+	retried func(try int, err error, wait time.Duration)
+	pacer   phase.Pacer
+	tenant  string
+}
+
+// paced runs one try through t's pacer when o has a Limit: every try takes
+// its own turn.
+func (o *options) paced(ctx context.Context, t tries, try func(ctx context.Context) error) error {
+	if o.downstream == "" {
+		return o.once(ctx, try)
+	}
+	if t.pacer == nil {
+		return fmt.Errorf("%w: %q (the engine paces nothing: workflow.Config Pacing)", ErrUnknownDownstream, o.downstream)
+	}
+	return t.pacer.Pace(ctx, o.downstream, t.tenant, t.lease, func(ctx context.Context) error { return o.once(ctx, try) })
 }
 
 // once runs one try, under the per-try timeout if there is one.

@@ -34,6 +34,9 @@ type Metrics struct {
 	retries     *prometheus.CounterVec
 	deferrals   *prometheus.CounterVec
 	undone      *prometheus.CounterVec
+	paceWaits   *prometheus.HistogramVec
+	paceDefers  *prometheus.CounterVec
+	circuits    *prometheus.CounterVec
 	resumes     *prometheus.CounterVec
 	pruned      *prometheus.CounterVec
 	outbox      *prometheus.CounterVec
@@ -78,6 +81,19 @@ func New() *Metrics {
 			Name: "onceflow_compensations_total",
 			Help: "Compensation calls, by result: ok (the step's effect is undone) or error.",
 		}, []string{"workflow", "step", "result"}),
+		paceWaits: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "onceflow_pace_wait_seconds",
+			Help:    "How long paced calls (foreign.Limit) waited for their turn, by downstream; calls that did not wait are not observed.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"downstream"}),
+		paceDefers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_pace_deferrals_total",
+			Help: "Paced calls whose turn was too far off, so that their key was deferred instead, by downstream.",
+		}, []string{"downstream"}),
+		circuits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceflow_pace_circuit_opened_total",
+			Help: "Answers (429 with Retry-After) that held back every call to a downstream, by downstream.",
+		}, []string{"downstream"}),
 		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_resumes_total",
 			Help: "Abandoned records the completer resumed, by result (ok or error).",
@@ -120,7 +136,7 @@ func New() *Metrics {
 // Collectors returns onceflow's collectors, to register with a registry of
 // your own.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.claims, m.leaseLost, m.parked, m.steps, m.retries, m.deferrals, m.undone, m.resumes, m.pruned, m.outbox, m.abandoned,
+	return []prometheus.Collector{m.claims, m.leaseLost, m.parked, m.steps, m.retries, m.deferrals, m.undone, m.paceWaits, m.paceDefers, m.circuits, m.resumes, m.pruned, m.outbox, m.abandoned,
 		m.parkedNow, m.oldest, m.taskRuns, m.taskSeconds}
 }
 
@@ -160,6 +176,19 @@ func (m *Metrics) StepDeferred(workflow, step string) {
 // Compensated counts a compensation call (workflow.Observer).
 func (m *Metrics) Compensated(workflow, step string, err error) {
 	m.undone.WithLabelValues(workflow, step, result(err)).Inc()
+}
+
+// PaceWaited times a paced call's wait for its turn (workflow.Observer).
+func (m *Metrics) PaceWaited(downstream string, waited time.Duration) {
+	m.paceWaits.WithLabelValues(downstream).Observe(waited.Seconds())
+}
+
+// PaceDeferred counts a paced call that deferred its key (workflow.Observer).
+func (m *Metrics) PaceDeferred(downstream string) { m.paceDefers.WithLabelValues(downstream).Inc() }
+
+// CircuitOpened counts an opened circuit (workflow.Observer).
+func (m *Metrics) CircuitOpened(downstream string, _ time.Duration) {
+	m.circuits.WithLabelValues(downstream).Inc()
 }
 
 // LeaseLost counts a lost lease (workflow.Observer).

@@ -95,6 +95,8 @@ func TestMetricsOverHTTP(t *testing.T) {
 	_, err = retrying.Run(ctx, engine, workflow.Key{Tenant: "acme", ID: "k2"}, req{1}) // one retry within the attempt
 	require.NoError(t, err)
 
+	pacing(t, db, m)
+
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
 	resp, err := http.Get(srv.URL)
@@ -110,6 +112,9 @@ func TestMetricsOverHTTP(t *testing.T) {
 		`onceflow_step_duration_seconds_count{result="error",step="call",workflow="pay"} 1`,
 		`onceflow_step_duration_seconds_count{result="ok",step="call",workflow="pay"} 1`,
 		`onceflow_step_retries_total{step="call",workflow="refund"} 1`,
+		`onceflow_pace_wait_seconds_count{downstream="payments"} 1`,
+		`onceflow_pace_circuit_opened_total{downstream="payments"} 2`,
+		`onceflow_pace_deferrals_total{downstream="payments"} 1`,
 		`onceflow_outbox_messages_total{outcome="delivered",topic="receipt"} 1`,
 		`onceflow_pruned_rows_total{table="onceflow_keys"} 1`,
 		`onceflow_sweeper_task_runs_total{result="ok",task="pruner"} 1`,
@@ -119,6 +124,28 @@ func TestMetricsOverHTTP(t *testing.T) {
 		`go_goroutines`,
 	} {
 		require.Contains(t, string(body), line)
+	}
+}
+
+// pacing drives a paced engine reporting to m: a 429 asking for two
+// seconds opens the circuit, which the next key waits out; a 429 asking for
+// an hour opens it again, and the next key defers.
+func pacing(t *testing.T, db workflow.DB, m *metrics.Metrics) {
+	ctx := context.Background()
+	engine, err := workflow.NewEngine(db, workflow.Config{Observer: m, Pacing: map[string]foreign.Pace{"payments": {}}})
+	require.NoError(t, err)
+	asks := map[string]time.Duration{"busy": 2 * time.Second, "busy-for-long": time.Hour}
+	wf := workflow.Define("paced",
+		foreign.Mutation("call", func(_ context.Context, c *foreign.Call[req, state]) error {
+			if wait, ok := asks[c.Run.Key.ID]; ok {
+				return &foreign.HTTPError{Status: 429, RetryAfter: wait}
+			}
+			return nil
+		}, foreign.Limit("payments")),
+	)
+	for _, k := range []string{"busy", "waits", "busy-for-long", "deferred"} {
+		_, err := wf.Run(ctx, engine, workflow.Key{Tenant: "acme", ID: k}, req{1})
+		require.Equal(t, k == "waits", err == nil, "%s: %v", k, err)
 	}
 }
 

@@ -80,6 +80,9 @@ type Run[Req, State any] struct {
 	// error, and the wait before the next. The engine logs and counts it.
 	// nil hears nothing.
 	Retried func(step string, try int, err error, wait time.Duration)
+	// Pacer, set by the engine, paces the calls of steps declared with
+	// foreign.Limit. nil when the engine paces nothing.
+	Pacer Pacer
 	// Request is the workflow's request. Treat it as read-only.
 	Request Req
 	// State is the workflow state. Steps change it; it is committed as JSON

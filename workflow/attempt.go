@@ -204,6 +204,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 	a.rec, a.outcome = rec, outcome
 	a.run.Key, a.run.RecordID, a.run.Attempt, a.run.Lease = a.key, rec.ID, rec.Attempts+1, a.e.lease
 	a.run.Retried = func(step string, try int, err error, wait time.Duration) { a.retried(ctx, step, try, err, wait) }
+	a.run.Pacer = a.e.pacer
 	a.committed = rec.RecoveryPoint != ""
 	if a.fromRecord {
 		// What was taken over may not be what Resume loaded a moment ago.

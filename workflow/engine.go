@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 )
 
@@ -71,8 +73,16 @@ type Config struct {
 	// Workflows are registered at once, for Resume (see Register).
 	Workflows []Definition
 
+	// Pacing limits the calls of steps declared with foreign.Limit, by
+	// downstream name, across every process sharing the database (see
+	// foreign.Pace). A step whose Limit names a downstream missing here
+	// fails with foreign.ErrUnknownDownstream, calling nothing. nil paces
+	// nothing.
+	Pacing map[string]foreign.Pace
+
 	// Logger receives takeovers, step failures, retries within a step
-	// (foreign.Retry), lost leases and terminal failures. nil discards
+	// (foreign.Retry), circuits opened and deferrals by pacing
+	// (foreign.Limit), lost leases and terminal failures. nil discards
 	// them.
 	Logger *slog.Logger
 
@@ -81,7 +91,8 @@ type Config struct {
 	Hooks *Hooks
 
 	// Observer, if set, is told of claims, step durations, retries within
-	// a step and lost leases, for metrics.
+	// a step, waits for a turn to call (foreign.Limit) and lost leases, for
+	// metrics.
 	Observer Observer
 
 	// Clock reads the local time. nil means time.Now. The engine reads it
@@ -132,6 +143,7 @@ type Engine struct {
 	hooks       Hooks
 	observer    Observer
 	now         func() time.Time
+	pacer       phase.Pacer // nil: no Pacing
 
 	mu        sync.RWMutex
 	workflows map[string]*family
@@ -203,6 +215,11 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 	}
 	if cfg.Hooks != nil {
 		e.hooks = *cfg.Hooks
+	}
+	if cfg.Pacing != nil {
+		if e.pacer, err = e.newPacer(db, cfg.Pacing); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidInput, err)
+		}
 	}
 	if err := e.Register(cfg.Workflows...); err != nil {
 		return nil, err

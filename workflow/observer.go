@@ -44,6 +44,15 @@ type Observer interface {
 	// Compensated reports a compensation's call (foreign.Compensate) and
 	// its error; nil means the step's effect is undone.
 	Compensated(workflow, step string, err error)
+	// PaceWaited reports a call that waited for its turn (foreign.Limit)
+	// before it started, and how long.
+	PaceWaited(downstream string, waited time.Duration)
+	// PaceDeferred reports a call that deferred its key because its turn
+	// was too far off (foreign.WaitError).
+	PaceDeferred(downstream string)
+	// CircuitOpened reports an answer (a 429 with Retry-After) that held
+	// back every call to downstream for open.
+	CircuitOpened(downstream string, open time.Duration)
 }
 
 // claimOutcome names the outcome of a claim for an Observer; "" for errors
@@ -134,5 +143,14 @@ func (NopObserver) StepDeferred(string, string) {}
 
 // Compensated does nothing.
 func (NopObserver) Compensated(string, string, error) {}
+
+// PaceWaited does nothing.
+func (NopObserver) PaceWaited(string, time.Duration) {}
+
+// PaceDeferred does nothing.
+func (NopObserver) PaceDeferred(string) {}
+
+// CircuitOpened does nothing.
+func (NopObserver) CircuitOpened(string, time.Duration) {}
 
 var _ Observer = NopObserver{}

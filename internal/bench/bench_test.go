@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -45,4 +46,16 @@ func BenchmarkCheckout(b *testing.B) {
 	wf := checkoutWorkflow()
 	b.Run("onceflow", func(b *testing.B) { runOps(b, checkoutOnceflow(engine, wf, "b")) })
 	b.Run("floor", func(b *testing.B) { runOps(b, checkoutFloor(db)) })
+}
+
+// BenchmarkPacing runs the checkout with its foreign step paced by a Pace
+// it never reaches, and without: compare the two ns/op.
+func BenchmarkPacing(b *testing.B) {
+	db := benchPool(b)
+	engine, err := workflow.NewEngine(db, workflow.Config{Pacing: map[string]foreign.Pace{"payments": generousPace}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("paced", func(b *testing.B) { runOps(b, checkoutOnceflow(engine, pacedCheckoutWorkflow(), "p")) })
+	b.Run("unpaced", func(b *testing.B) { runOps(b, checkoutOnceflow(engine, checkoutWorkflow(), "u")) })
 }

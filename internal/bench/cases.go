@@ -31,6 +31,7 @@ var cases = []benchCase{
 	{"claim latency by table size", tableSizeCase},
 	{"pruning", pruningCase},
 	{"idemhttp", httpCase},
+	{"pacing", pacingCase},
 }
 
 // Order and Paid are the checkout's request and state.

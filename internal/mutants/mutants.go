@@ -400,8 +400,8 @@ var mutants = []Mutant{
 		Name:   "retry-ignores-permanent",
 		Breaks: "a call that failed permanently is tried again",
 		Edits: []Edit{{File: "foreign/retry.go",
-			Old: "case ctx.Err() != nil, phase.IsPermanent(err), errors.As(err, &deferred):",
-			New: "case ctx.Err() != nil, errors.As(err, &deferred):"}},
+			Old: "case ctx.Err() != nil, phase.IsPermanent(err), errors.As(err, &deferred),",
+			New: "case ctx.Err() != nil, errors.As(err, &deferred),"}},
 		Pkg: "./foreign", Run: "^TestRetryPermanentIsNotRetried$",
 	},
 	{
@@ -440,5 +440,26 @@ var mutants = []Mutant{
 			Old: "    attempts = attempts + 1, last_error = $4, updated_at = clock_timestamp()\nWHERE ` + fence + `\nRETURNING not_before`",
 			New: "    last_error = $4, updated_at = clock_timestamp()\nWHERE ` + fence + `\nRETURNING not_before`"}},
 		Pkg: "./workflow", Run: "^TestDeferralsAreBoundedByMaxAttempts$",
+	},
+	{
+		Name:   "pace-slot-lease-ignored",
+		Breaks: "a pacing slot is claimed while another call holds it, so the concurrency limit holds nothing",
+		Edits: []Edit{{File: "foreign/pacer_sql.go",
+			Old: "AND slot < $3 AND held_until < clock_timestamp()", New: "AND slot < $3"}},
+		Pkg: "./foreign", Run: "^TestPaceConcurrencyAcrossEngines$",
+	},
+	{
+		Name:   "pace-token-not-taken",
+		Breaks: "the rate's bucket grants a call without taking its token, so the rate holds nothing",
+		Edits: []Edit{{File: "foreign/pacer_sql.go",
+			Old: "p.refilled_at)::float8) - 1,", New: "p.refilled_at)::float8),"}},
+		Pkg: "./foreign", Run: "^TestPaceRateAcrossEngines$",
+	},
+	{
+		Name:   "pace-circuit-ignored",
+		Breaks: "a token is granted while the downstream's circuit is open, so every key discovers the 429 for itself",
+		Edits: []Edit{{File: "foreign/pacer_sql.go",
+			Old: "    WHERE p.open_until <= excluded.refilled_at\n      AND ", New: "    WHERE "}},
+		Pkg: "./foreign", Run: "^TestPaceCircuitHoldsOtherKeysBack$",
 	},
 }

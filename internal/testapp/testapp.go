@@ -20,9 +20,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -136,6 +138,10 @@ type Provider struct {
 	keys    map[string][]string          // endpoint -> keys in call order
 	faults  map[string][]Fault           // endpoint -> the next calls' faults
 	closing chan struct{}                // closed when the test ends: hung calls answer
+	latency time.Duration                // how long a served call takes
+	running int                          // calls being served now
+	most    int                          // the most calls served at once
+	arrived []time.Time                  // when each call arrived, in order
 }
 
 // Fault is how a Provider answers one call instead of serving it.
@@ -167,7 +173,58 @@ func (p *Provider) Fail(endpoint string, faults ...Fault) {
 	p.faults[endpoint] = append(p.faults[endpoint], faults...)
 }
 
+// SetLatency makes every call served from now on take d before it answers,
+// as a real provider's calls take time: calls made at once overlap.
+func (p *Provider) SetLatency(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.latency = d
+}
+
+// Arrivals are the times the calls arrived (the provider's clock), in
+// order, faults included: what a provider's own rate limit counts.
+func (p *Provider) Arrivals() []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.arrived)
+}
+
+// MaxConcurrent is the most calls the provider was serving at once.
+func (p *Provider) MaxConcurrent() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.most
+}
+
+// MaxIn is the most calls that arrived within any window of length w: the
+// count a provider limiting calls per w would compare with its limit.
+func (p *Provider) MaxIn(w time.Duration) int {
+	at := p.Arrivals()
+	most, first := 0, 0
+	for i, t := range at {
+		for t.Sub(at[first]) >= w {
+			first++
+		}
+		most = max(most, i-first+1)
+	}
+	return most
+}
+
 func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
+	p.mu.Lock()
+	p.arrived = append(p.arrived, time.Now())
+	p.running++
+	p.most = max(p.most, p.running)
+	latency := p.latency
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.running--
+		p.mu.Unlock()
+	}()
+	if latency > 0 {
+		time.Sleep(latency)
+	}
 	endpoint := strings.TrimPrefix(r.URL.Path, "/")
 	key := r.Header.Get(foreign.Header)
 	if key == "" || r.Method != http.MethodPost || len(endpoint) < 2 {

@@ -1,0 +1,2 @@
+DROP TABLE {schema}.onceflow_pace_slots;
+DROP TABLE {schema}.onceflow_pace;
