@@ -381,9 +381,9 @@ func (c Case[Req, State]) verify(ctx context.Context, world *World[Req, State], 
 func (c Case[Req, State]) sameAnswer(want answer, got *workflow.Result) error {
 	switch {
 	case got.Compensated != want.Compensated:
-		return fmt.Errorf("Compensated %t, want %t (response %d %s)", got.Compensated, want.Compensated, got.Response.Status, got.Response.Body)
+		return fmt.Errorf("the result says compensated %t, want %t (response %d %s)", got.Compensated, want.Compensated, got.Response.Status, got.Response.Body)
 	case got.Failed != want.Failed:
-		return fmt.Errorf("Failed %t, want %t (response %d %s)", got.Failed, want.Failed, got.Response.Status, got.Response.Body)
+		return fmt.Errorf("the result says failed %t, want %t (response %d %s)", got.Failed, want.Failed, got.Response.Status, got.Response.Body)
 	}
 	return c.SameResponse(want.Response, got.Response)
 }

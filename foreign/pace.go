@@ -59,13 +59,13 @@ type Pace struct {
 func (p Pace) validate() error {
 	switch {
 	case p.Concurrency < 0 || p.Concurrency > PaceConcurrencyLimit:
-		return fmt.Errorf("Concurrency is %d; want 0 to %d", p.Concurrency, PaceConcurrencyLimit)
+		return fmt.Errorf("pace: Concurrency is %d; want 0 to %d", p.Concurrency, PaceConcurrencyLimit)
 	case math.IsNaN(p.Rate) || p.Rate < 0 || p.Rate > PaceRateLimit:
-		return fmt.Errorf("Rate is %v; want 0 to %d per second", p.Rate, PaceRateLimit)
+		return fmt.Errorf("pace: Rate is %v; want 0 to %d per second", p.Rate, PaceRateLimit)
 	case p.Burst < 0 || p.Burst > PaceBurstLimit:
-		return fmt.Errorf("Burst is %d; want 0 to %d", p.Burst, PaceBurstLimit)
+		return fmt.Errorf("pace: Burst is %d; want 0 to %d", p.Burst, PaceBurstLimit)
 	case p.Burst > 0 && p.Rate == 0:
-		return errors.New("Burst is set without a Rate")
+		return errors.New("pace: Burst is set without a Rate")
 	}
 	return nil
 }

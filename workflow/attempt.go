@@ -463,7 +463,7 @@ func (a *attempt[Req, State]) runAtomic(ctx context.Context, step phase.Step[Req
 		if try == 1 && !a.claimOpen {
 			var err error
 			if before, err = json.Marshal(a.run.State); err != nil {
-				stop()
+				_ = stop()
 				return fmt.Errorf("encode state: %w", err)
 			}
 		}

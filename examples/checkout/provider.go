@@ -92,7 +92,7 @@ func (p *provider) routes() http.Handler {
 
 func (p *provider) charge(w http.ResponseWriter, r *http.Request) {
 	var req ChargeRequest
-	key, ok := readProviderRequest(w, r, &req, "invalid charge request", func() error { return req.validate() })
+	key, ok := readProviderRequest(w, r, &req, "invalid charge request", req.validate)
 	if !ok {
 		return
 	}
