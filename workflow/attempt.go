@@ -54,8 +54,13 @@ type attempt[Req, State any] struct {
 	run       phase.Run[Req, State]
 	next      int  // index of the next step to run
 	placed    bool // next is set: the claim found where the record is
-	claimOpen bool // the claim is uncommitted, in the open transaction
-	committed bool // a recovery point exists
+	first     int  // the step after the recovery point the claim found
+	// retriedStep is the last step whose call this attempt tried again
+	// (foreign.Retry): an earlier try of it may have reached the other
+	// system.
+	retriedStep string
+	claimOpen   bool // the claim is uncommitted, in the open transaction
+	committed   bool // a recovery point exists
 	// acted: this attempt did something a rollback cannot undo (started a
 	// foreign call, or committed a step).
 	acted bool
@@ -227,7 +232,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 		// an operator's choice: no attempt of this definition can run it.
 		return a.park(ctx, fmt.Sprintf("its recovery point %q is not a step of version %s", r.point, a.w.spec().Version))
 	}
-	a.next, a.placed = next, true
+	a.next, a.first, a.placed = next, next, true
 	if err := a.loadState(ctx, rec, r); err != nil {
 		var unreadable *unreadableStateError
 		if errors.As(err, &unreadable) {
@@ -574,6 +579,7 @@ func (a *attempt[Req, State]) retried(ctx context.Context, step string, try int,
 	a.e.logger.InfoContext(ctx, "foreign call failed; retrying within the attempt",
 		a.logAttrs(step, slog.Int("try", try), slog.Duration("wait", wait), slog.Any("error", err))...)
 	a.e.observeRetry(a.w.name, step)
+	a.retriedStep = step
 }
 
 // rejectable reports whether a Reject may delete the record, leaving the

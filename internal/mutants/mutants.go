@@ -166,6 +166,20 @@ var mutants = []Mutant{
 		Pkg: "./workflow", Run: "^TestAStepThatRefusedIsNotUndone$",
 	},
 	{
+		Name:   "repeat-refusal-not-undone",
+		Breaks: "a step an earlier attempt may have called, refused for good when called again, is taken for one that did nothing, and its effect is never undone",
+		Edits: []Edit{{File: "workflow/compensate.go",
+			Old: "calledBefore := (a.outcome == recovery.OutcomeTakeover && failing == a.first) ||", New: "calledBefore := false ||"}},
+		Pkg: "./workflow", Run: "^TestARefusalOfAStepAnEarlierAttemptStartedIsUndone$",
+	},
+	{
+		Name:   "retry-refusal-not-undone",
+		Breaks: "a step refused for good on a retry is taken for one that did nothing, though its first try may have had an effect",
+		Edits: []Edit{{File: "workflow/compensate.go",
+			Old: "\t\ta.retriedStep == a.w.steps[", New: "\t\tfalse && a.retriedStep == a.w.steps["}},
+		Pkg: "./workflow", Run: "^TestARefusalAfterATryThatMayHaveChargedIsUndone$",
+	},
+	{
 		Name:   "no-return-ignored",
 		Breaks: "a failure after the point of no return undoes the steps before it",
 		Edits: []Edit{{File: "workflow/define.go",
