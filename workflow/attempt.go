@@ -55,6 +55,7 @@ type attempt[Req, State any] struct {
 	next      int  // index of the next step to run
 	placed    bool // next is set: the claim found where the record is
 	first     int  // the step after the recovery point the claim found
+	loaded    bool // the record's request and state are read into run
 	// retriedStep is the last step whose call this attempt tried again
 	// (foreign.Retry): an earlier try of it may have reached the other
 	// system.
@@ -240,6 +241,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 		}
 		return a.failed(ctx, "", err)
 	}
+	a.loaded = true
 	if outcome == recovery.OutcomeTakeover {
 		a.e.logger.InfoContext(ctx, "resuming workflow", a.logAttrs("", slog.String("after", rec.RecoveryPoint))...)
 	}
@@ -634,6 +636,12 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 	rec, ok := a.recordAfterRollback(cleanupCtx, true)
 	if !ok {
 		return nil, stepErr
+	}
+	if rec.Compensating() {
+		// An attempt at the compensations that failed before reaching
+		// them (it could not read the record): they count its attempts.
+		a.rec = rec
+		return a.compensationFailed(ctx, cmp.Or(step, rec.Undo[0]), cause)
 	}
 	var err error
 	switch {

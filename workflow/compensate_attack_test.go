@@ -73,3 +73,108 @@ func TestARefusalAfterATryThatMayHaveChargedIsUndone(t *testing.T) {
 	require.Equal(t, 1, w.provider.Effects("refunds"), "the charge the lost try made is refunded")
 	require.Equal(t, recovery.StatusCompensated, w.record(acme).Status)
 }
+
+// unreadableOrder is a request type the saga's stored requests do not
+// decode into: a release whose request changed shape, resuming records an
+// earlier one wrote.
+type unreadableOrder struct {
+	Customer int `json:"customer"`
+}
+
+// unreadableSaga is the saga under a request type its records cannot be
+// read as; its compensations note that they ran.
+func unreadableSaga(s *saga) *workflow.Workflow[unreadableOrder, Paid] {
+	undo := func(what string) foreign.Option {
+		return foreign.Compensate(func(context.Context, *foreign.Call[unreadableOrder, Paid]) error {
+			s.log(what + " with an unread request")
+			return nil
+		})
+	}
+	do := func(context.Context, *foreign.Call[unreadableOrder, Paid]) error { return nil }
+	return workflow.Define("saga",
+		foreign.Mutation("reserve", do, undo("releases")),
+		foreign.Mutation("charge", do, undo("refunds")),
+		atomicStep2("record"),
+		foreign.Mutation("ship", do),
+	)
+}
+
+func atomicStep2(name string) phase.Step[unreadableOrder, Paid] {
+	return phase.Atomic(name, func(context.Context, pgx.Tx, *phase.Run[unreadableOrder, Paid]) error { return nil })
+}
+
+// TestACompensatingRecordItsAttemptsCannotReadEndsFailed: a record is
+// compensating, and the process that resumes it cannot read its request
+// (the release changed the request's shape). Each attempt fails before
+// reaching the compensations; after MaxAttempts the record must end failed,
+// with what is left to undo listed and the failure answer kept, not be
+// taken over again for ever.
+func TestACompensatingRecordItsAttemptsCannotReadEndsFailed(t *testing.T) {
+	w := newWorld(t)
+	s := newSaga(w)
+	s.fail["record"] = func(int) error { return phase.Permanent(errors.New("refused")) }
+	w.provider.Fail("refunds", testapp.Fault{Status: http.StatusServiceUnavailable})
+	_, err := s.workflow().Run(w.ctx, w.engine(workflow.Config{}), acme, order)
+	require.Error(t, err)
+	require.True(t, w.record(acme).Compensating())
+
+	e := w.engine(workflow.Config{MaxAttempts: 3, Workflows: []workflow.Definition{unreadableSaga(s)}})
+	var res *workflow.Result
+	for range 4 {
+		rec := w.record(acme)
+		if rec.Finished() {
+			break
+		}
+		require.NoError(t, e.Store().ExpireLease(w.ctx, acme))
+		res, err = e.Resume(w.ctx, acme)
+	}
+	require.NoError(t, err)
+	require.True(t, res.Failed)
+	rec := w.record(acme)
+	require.Equal(t, recovery.StatusFailed, rec.Status, "attempts %d, last error %s", rec.Attempts, rec.LastError)
+	require.Equal(t, []string{"charge", "reserve"}, rec.Undo)
+	require.Equal(t, 500, rec.Response.Status)
+	require.Zero(t, w.provider.Effects("refunds"))
+	require.NotContains(t, s.logged(), "refunds with an unread request")
+}
+
+// TestAnAttemptThatCannotReadTheRecordNeitherWipesItsStateNorUndoesBlind:
+// the last attempt MaxAttempts allows cannot read the record's request.
+// The workflow fails for good before its point of no return, so its
+// charge is to be undone; but the state the steps committed (the charge's
+// id) must stay, and the compensations must not run with a request and a
+// state this attempt never read.
+func TestAnAttemptThatCannotReadTheRecordNeitherWipesItsStateNorUndoesBlind(t *testing.T) {
+	w := newWorld(t)
+	s := newSaga(w)
+	crash := w.engine(workflow.Config{Hooks: &workflow.Hooks{CrashPoint: func(_ context.Context, _ workflow.Key, p workflow.CrashPoint) error {
+		if p == (workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "reserve"}) {
+			return errors.New("killed")
+		}
+		return nil
+	}}})
+	_, err := s.workflow().Run(w.ctx, crash, acme, order)
+	require.ErrorIs(t, err, workflow.ErrCrashed)
+	_, err = w.db.Exec(w.ctx, `UPDATE onceflow_keys SET state = '{"order_id": 7, "charge_id": "ch_kept"}'`)
+	require.NoError(t, err)
+	before := w.record(acme)
+	require.NoError(t, crash.Store().ExpireLease(w.ctx, acme))
+
+	e := w.engine(workflow.Config{MaxAttempts: 1, Workflows: []workflow.Definition{unreadableSaga(s)}})
+	_, err = e.Resume(w.ctx, acme)
+	require.ErrorContains(t, err, "decode stored request")
+	rec := w.record(acme)
+	require.JSONEq(t, string(before.State), string(rec.State), "status %s, undo %v", rec.Status, rec.Undo)
+	require.True(t, rec.Compensating())
+	require.True(t, rec.Released, "handed back for an attempt that can read it")
+	for _, call := range s.logged() {
+		require.NotContains(t, call, "unread request")
+	}
+
+	res, err := w.engine(workflow.Config{Workflows: []workflow.Definition{s.workflow()}}).Resume(w.ctx, acme)
+	require.NoError(t, err)
+	require.True(t, res.Compensated)
+	require.Equal(t, 1, w.provider.Effects("refunds"))
+	require.Equal(t, 1, w.provider.Effects("releases"))
+	require.JSONEq(t, string(before.State), string(w.record(acme).State))
+}
