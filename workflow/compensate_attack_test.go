@@ -7,6 +7,7 @@ package workflow_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -177,4 +178,24 @@ func TestAnAttemptThatCannotReadTheRecordNeitherWipesItsStateNorUndoesBlind(t *t
 	require.Equal(t, 1, w.provider.Effects("refunds"))
 	require.Equal(t, 1, w.provider.Effects("releases"))
 	require.JSONEq(t, string(before.State), string(w.record(acme).State))
+}
+
+// TestDefineRejectsMoreCompensationsThanAnUndoListHolds: a record lists at
+// most recovery.MaxUndo steps to undo. A workflow with more compensable
+// steps could fail with more started, and never start compensating: every
+// attempt's giveUp would be refused, and the key retried for ever. Define
+// refuses it, as it refuses any broken definition.
+func TestDefineRejectsMoreCompensationsThanAnUndoListHolds(t *testing.T) {
+	t.Parallel()
+	undo := foreign.Compensate(func(context.Context, *foreign.Call[Order, Paid]) error { return nil })
+	do := func(context.Context, *foreign.Call[Order, Paid]) error { return nil }
+	steps := func(n int) []phase.Step[Order, Paid] {
+		var steps []phase.Step[Order, Paid]
+		for i := range n {
+			steps = append(steps, foreign.Mutation(fmt.Sprintf("s%d", i), do, undo))
+		}
+		return steps
+	}
+	require.NotPanics(t, func() { workflow.Define("most", steps(recovery.MaxUndo)...) })
+	require.Panics(t, func() { workflow.Define("too_many", steps(recovery.MaxUndo+1)...) })
 }
