@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -198,4 +199,50 @@ func TestDefineRejectsMoreCompensationsThanAnUndoListHolds(t *testing.T) {
 	}
 	require.NotPanics(t, func() { workflow.Define("most", steps(recovery.MaxUndo)...) })
 	require.Panics(t, func() { workflow.Define("too_many", steps(recovery.MaxUndo+1)...) })
+}
+
+// sagaRenamed is the saga whose charge step was called pay before: it
+// derives the charge's keys from "pay" when rename is set, from "charge"
+// once the rename's declaration is dropped.
+func (s *saga) renamed(rename bool) *workflow.Workflow[Order, Paid] {
+	wf := workflow.Define("saga",
+		foreign.Mutation("reserve", s.call("reservations"), s.undo("releases")),
+		foreign.Mutation("charge", s.call("charges"), s.undo("refunds")),
+		atomicStep("record", func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error { return nil }),
+		foreign.Mutation("ship", s.call("shipments")),
+	)
+	if rename {
+		wf.Changes(workflow.Renamed("pay", "charge"))
+	}
+	return wf
+}
+
+// TestAnUpgradeThatChangesACompletedStepsKeysDoesNotUndoAnotherCall: the
+// charge, declared renamed from pay, was made with a key derived from
+// "pay", and committed; then the workflow failed for good, and its refund
+// is still to run. A release that dropped the rename's declaration derives
+// the charge's keys from "charge": resuming the record, it would refund a
+// charge that was never made (the provider has nothing under that key), and
+// the one that was made stays charged. Forward, a completed step's keys no
+// longer matter; a compensation still needs them: the record must be
+// parked, not undone with other keys.
+func TestAnUpgradeThatChangesACompletedStepsKeysDoesNotUndoAnotherCall(t *testing.T) {
+	w := newWorld(t)
+	s := newSaga(w)
+	s.fail["ship"] = func(int) error { return phase.Permanent(errors.New("no carrier")) }
+	w.provider.Fail("refunds", testapp.Fault{Status: http.StatusServiceUnavailable})
+	_, err := s.renamed(true).Run(w.ctx, w.engine(workflow.Config{}), acme, order)
+	require.Error(t, err)
+	require.True(t, w.record(acme).Compensating())
+	charged := w.provider.Keys("charges")
+	require.Len(t, charged, 1)
+
+	_, err = s.renamed(false).Run(w.ctx, w.engine(workflow.Config{}), acme, order)
+	for _, call := range s.logged() {
+		if strings.HasPrefix(call, "refunds ") {
+			require.True(t, strings.HasSuffix(call, " of "+charged[0]), "a refund of another key than the charge's: %s", call)
+		}
+	}
+	require.ErrorIs(t, err, workflow.ErrParked)
+	require.Equal(t, recovery.StatusParked, w.record(acme).Status)
 }

@@ -325,6 +325,28 @@ func Resumable(old Spec, point string, cur Spec) (string, string) {
 	return cur.Steps[last].Name, ""
 }
 
+// undoKeysKept reports why definition cur, which Resumable lets resume a
+// record old wrote at point, may still not: a step cur would compensate
+// (one of compensable) that the record may have done derives its
+// downstream keys from another name in cur than in old. Forward, a
+// completed step's keys no longer matter, but its compensation names the
+// call it undoes by them (foreign.Call.Compensates), and would undo one
+// that was never made. "" when every such step keeps its keys.
+func undoKeysKept(old Spec, point string, cur Spec, compensable []string) string {
+	touched := old.index(point) + 1 // -1 for no point: nothing done
+	if touched < len(old.Steps) && old.Steps[touched].Kind == phase.KindForeign {
+		touched++
+	}
+	for i, st := range old.Steps[:min(touched, len(cur.Steps))] {
+		got := cur.Steps[i]
+		if slices.Contains(compensable, got.Name) && got.keyName() != st.keyName() {
+			return fmt.Sprintf("step %s, which it may have to undo, derived its downstream keys from %q in version %s, but version %s derives them from %q",
+				got.Name, st.keyName(), old.Version, cur.Version, got.keyName())
+		}
+	}
+	return ""
+}
+
 // Finding is a recovery point at which records of an earlier definition
 // would be parked by the current ones (see Diff).
 type Finding struct {
