@@ -246,3 +246,56 @@ func TestAnUpgradeThatChangesACompletedStepsKeysDoesNotUndoAnotherCall(t *testin
 	require.ErrorIs(t, err, workflow.ErrParked)
 	require.Equal(t, recovery.StatusParked, w.record(acme).Status)
 }
+
+// TestCompensationAfterAFoldedTakeoverRolledBackKeepsTheNewClaimsLease: a
+// Resume takes the record over in the transaction of the atomic phase after
+// its recovery point, and that phase fails for good: the takeover rolls
+// back with it, the key is claimed again under another owner token, and
+// the attempt compensates under that claim. The refund outlives a third of
+// the lease: the heartbeat renews the new claim's lease (not the rolled
+// back one's), and the refund completes once.
+func TestCompensationAfterAFoldedTakeoverRolledBackKeepsTheNewClaimsLease(t *testing.T) {
+	w := newWorld(t)
+	s := newSaga(w)
+	const lease = time.Second
+	renewed := make(chan error, 16)
+	wf := workflow.Define("folded",
+		foreign.Mutation("charge", s.call("charges"), foreign.Compensate(func(ctx context.Context, c *foreign.Call[Order, Paid]) error {
+			select {
+			case err := <-renewed:
+				if err != nil {
+					return err
+				}
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+			_, err := testapp.Call(ctx, w.provider.URL, "refunds", c.Key)
+			return err
+		})),
+		atomicStep("record", func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error { return nil }),
+		atomicStep("confirm", func(_ context.Context, _ pgx.Tx, r *phase.Run[Order, Paid]) error {
+			if r.Attempt == 1 {
+				return errors.New("lock timeout")
+			}
+			return phase.Permanent(errors.New("the order cannot be confirmed"))
+		}),
+		foreign.Mutation("ship", s.call("shipments")),
+	)
+	_, err := wf.Run(w.ctx, w.engine(workflow.Config{Lease: lease}), acme, order)
+	require.Error(t, err)
+	rec := w.record(acme)
+	require.Equal(t, "record", rec.RecoveryPoint)
+	require.True(t, rec.Released)
+
+	e := w.engine(workflow.Config{Lease: lease, Workflows: []workflow.Definition{wf},
+		Hooks: &workflow.Hooks{LeaseRenewed: func(_ workflow.Key, step string, _ time.Time, err error) {
+			if step == "charge" {
+				renewed <- err
+			}
+		}}})
+	res, err := e.Resume(w.ctx, acme)
+	require.NoError(t, err)
+	require.True(t, res.Compensated)
+	require.Equal(t, 1, w.provider.Effects("refunds"))
+	require.Equal(t, recovery.StatusCompensated, w.record(acme).Status)
+}
