@@ -56,6 +56,9 @@ type attempt[Req, State any] struct {
 	placed    bool // next is set: the claim found where the record is
 	first     int  // the step after the recovery point the claim found
 	loaded    bool // the record's request and state are read into run
+	// claimedPoint is the recovery point the claim found, as stored (a.rec
+	// has it in this definition's names once loaded).
+	claimedPoint string
 	// retriedStep is the last step whose call this attempt tried again
 	// (foreign.Retry): an earlier try of it may have reached the other
 	// system.
@@ -205,7 +208,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 		}
 		return replayed(rec), nil
 	}
-	a.rec, a.outcome = rec, outcome
+	a.rec, a.outcome, a.claimedPoint = rec, outcome, rec.RecoveryPoint
 	a.run.Key, a.run.RecordID, a.run.Attempt, a.run.Lease = a.key, rec.ID, rec.Attempts+1, a.e.lease
 	a.run.Retried = func(step string, try int, err error, wait time.Duration) { a.retried(ctx, step, try, err, wait) }
 	a.committed = rec.RecoveryPoint != ""
@@ -687,7 +690,9 @@ func (a *attempt[Req, State]) wentAway(ctx context.Context) bool {
 // recordAfterRollback returns the record as this attempt owns it once its
 // transaction rolled back. A claim that was uncommitted in that transaction
 // rolled back too; when reclaim is set, the key is claimed again, on its
-// own, so that the outcome can be recorded.
+// own, so that the outcome can be recorded, unless another attempt got
+// there first, or took it over meanwhile and moved it on (this attempt
+// hands it back then).
 func (a *attempt[Req, State]) recordAfterRollback(ctx context.Context, reclaim bool) (*recovery.Record, bool) {
 	if !a.claimOpen {
 		return a.rec, a.rec != nil
@@ -699,6 +704,15 @@ func (a *attempt[Req, State]) recordAfterRollback(ctx context.Context, reclaim b
 	rec, outcome, err := a.claim(ctx, a.e.store)
 	if err != nil || outcome == recovery.OutcomeReplay {
 		return nil, false // another attempt got there first
+	}
+	if rec.RecoveryPoint != a.claimedPoint || rec.Compensating() {
+		// Another attempt took the key over between the rollback and this
+		// claim, and moved the record on: what this one ran into, at a
+		// place the record has left, is not the record's to answer for.
+		if err := seam.StoreOf(a.e.store).HandBack(ctx, rec.Fence(), "an attempt overtaken while its claim was rolled back"); err != nil {
+			a.e.logger.WarnContext(ctx, "could not hand the lease back", a.logAttrs("", slog.Any("error", err))...)
+		}
+		return nil, false
 	}
 	return rec, true
 }

@@ -8,8 +8,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -298,4 +301,80 @@ func TestCompensationAfterAFoldedTakeoverRolledBackKeepsTheNewClaimsLease(t *tes
 	require.True(t, res.Compensated)
 	require.Equal(t, 1, w.provider.Effects("refunds"))
 	require.Equal(t, recovery.StatusCompensated, w.record(acme).Status)
+}
+
+// onMessage is a slog handler that runs fn, once, at the first record
+// with message msg: a hook at the point an attempt logs it.
+type onMessage struct {
+	msg  string
+	once sync.Once
+	fn   func()
+}
+
+func (h *onMessage) Enabled(context.Context, slog.Level) bool { return true }
+func (h *onMessage) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.once.Do(h.fn)
+	}
+	return nil
+}
+func (h *onMessage) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *onMessage) WithGroup(string) slog.Handler      { return h }
+
+// TestAFailureOvertakenWhileItsClaimWasRolledBackDoesNotGiveUp: a Resume
+// folded into confirm's transaction fails there for the last time
+// MaxAttempts allows. Its takeover rolls back with the phase, and before it
+// claims the key again to record the failure, another process takes the
+// record over, gets past confirm, ships, and fails later, handing the key
+// back. The first attempt's failure is stale: the record moved on. Giving up
+// on it would undo from where that attempt stood, the charge only, and
+// leave the shipment it never saw standing; it must hand the key back.
+func TestAFailureOvertakenWhileItsClaimWasRolledBackDoesNotGiveUp(t *testing.T) {
+	w := newWorld(t)
+	s := newSaga(w)
+	var confirms atomic.Int32
+	wf := workflow.Define("overtaken",
+		foreign.Mutation("charge", s.call("charges"), s.undo("refunds")),
+		atomicStep("record", func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error { return nil }),
+		atomicStep("confirm", func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error {
+			if confirms.Add(1) <= 3 {
+				return errors.New("lock timeout")
+			}
+			return nil
+		}),
+		foreign.Mutation("ship", s.call("shipments"), s.undo("cancellations")),
+		atomicStep("done", func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error {
+			return errors.New("lock timeout")
+		}),
+	)
+	cfg := workflow.Config{MaxAttempts: 4, Workflows: []workflow.Definition{wf}}
+	e := w.engine(cfg)
+	for range 2 {
+		_, err := wf.Run(w.ctx, e, acme, order)
+		require.Error(t, err)
+	}
+	require.Equal(t, 2, w.record(acme).Attempts)
+
+	// The third attempt at confirm (the one MaxAttempts 4 lets be the
+	// last after the other's) is overtaken between its rollback and its
+	// reclaim.
+	other := w.engine(cfg)
+	var overtook error
+	cfg.Logger = slog.New(&onMessage{msg: "workflow step failed", fn: func() {
+		_, overtook = other.Resume(w.ctx, acme)
+	}})
+	cfg.MaxAttempts = 3
+	res, err := w.engine(cfg).Resume(w.ctx, acme)
+	require.ErrorContains(t, overtook, "done")
+	require.Equal(t, 1, w.provider.Effects("shipments"), "the other process shipped")
+
+	rec := w.record(acme)
+	if rec.Compensating() || rec.Status == recovery.StatusCompensated {
+		require.Contains(t, rec.Undo, "ship", "undoing from a stale position skips the shipment")
+	}
+	require.Zero(t, w.provider.Effects("refunds"), "the stale failure undid the charge, the shipment standing")
+	require.Error(t, err, "result %+v", res)
+	require.Equal(t, recovery.StatusInFlight, rec.Status)
+	require.Equal(t, "confirm", rec.RecoveryPoint, "where the other attempt left it")
+	require.True(t, rec.Released, "handed back")
 }

@@ -215,6 +215,13 @@ var mutants = []Mutant{
 		Pkg: "./migrations", Run: "^TestDownRefusedWhileARecordIsCompensating$",
 	},
 	{
+		Name:   "overtaken-failure-kept",
+		Breaks: "an attempt overtaken while its claim was rolled back gives up on a record another attempt moved on, and undoes from where it stood",
+		Edits: []Edit{{File: "workflow/attempt.go",
+			Old: "if rec.RecoveryPoint != a.claimedPoint || rec.Compensating() {", New: "if false {"}},
+		Pkg: "./workflow", Run: "^TestAFailureOvertakenWhileItsClaimWasRolledBackDoesNotGiveUp$",
+	},
+	{
 		Name:   "no-return-ignored",
 		Breaks: "a failure after the point of no return undoes the steps before it",
 		Edits: []Edit{{File: "workflow/define.go",
