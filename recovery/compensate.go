@@ -31,9 +31,13 @@ func (s *Store) compensate(ctx context.Context, f Fence, undo []string, resp Res
 	if err != nil {
 		return fmt.Errorf("compensate key: %w", err)
 	}
+	var stateArg any // NULL keeps the committed state
+	if state != nil {
+		stateArg = json.RawMessage(state)
+	}
 	// finishArgs' response status, body and header.
 	tag, err := s.db.Exec(ctx, s.sql.compensate, f.Key.Tenant, f.Key.ID, f.Owner, undo, args[4], args[5], args[6],
-		json.RawMessage(state), cleanError(cause), s.lease)
+		stateArg, cleanError(cause), s.lease)
 	return s.fenced("compensate", f, tag, err)
 }
 

@@ -153,11 +153,12 @@ ORDER BY workflow, created_at, fingerprint`
 
 	// compensateSQL starts compensating: $4 the steps to undo, in order,
 	// $5-$7 the response the key will answer once they are undone, $8 the
-	// state, $9 the cause, kept as the last error. The lease is renewed,
-	// and attempts start again from zero: the compensations get their own.
+	// state (NULL keeps it), $9 the cause, kept as the last error. The
+	// lease is renewed, and attempts start again from zero: the
+	// compensations get their own.
 	compensateSQL = `UPDATE {keys} SET undo = $4::text[],
     response_status = $5, response_body = $6, response_header = $7::jsonb,
-    state = $8::json, last_error = $9, attempts = 0,
+    state = coalesce($8::json, state), last_error = $9, attempts = 0,
     locked_until = clock_timestamp() + $10::bigint * interval '1 microsecond', updated_at = clock_timestamp()
 WHERE ` + fence + ` AND undo IS NULL`
 

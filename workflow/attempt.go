@@ -56,8 +56,17 @@ type attempt[Req, State any] struct {
 	run       phase.Run[Req, State]
 	next      int  // index of the next step to run
 	placed    bool // next is set: the claim found where the record is
-	claimOpen bool // the claim is uncommitted, in the open transaction
-	committed bool // a recovery point exists
+	first     int  // the step after the recovery point the claim found
+	loaded    bool // the record's request and state are read into run
+	// claimedPoint is the recovery point the claim found, as stored (a.rec
+	// has it in this definition's names once loaded).
+	claimedPoint string
+	// retriedStep is the last step whose call this attempt tried again
+	// (foreign.Retry): an earlier try of it may have reached the other
+	// system.
+	retriedStep string
+	claimOpen   bool // the claim is uncommitted, in the open transaction
+	committed   bool // a recovery point exists
 	// acted: this attempt did something a rollback cannot undo (started a
 	// foreign call, or committed a step).
 	acted bool
@@ -201,7 +210,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 		}
 		return replayed(rec), nil
 	}
-	a.rec, a.outcome = rec, outcome
+	a.rec, a.outcome, a.claimedPoint = rec, outcome, rec.RecoveryPoint
 	a.run.Key, a.run.RecordID, a.run.Attempt, a.run.Lease = a.key, rec.ID, rec.Attempts+1, a.e.lease
 	a.run.Retried = func(step string, try int, err error, wait time.Duration) { a.retried(ctx, step, try, err, wait) }
 	a.run.Pacer = a.e.pacer
@@ -230,7 +239,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 		// an operator's choice: no attempt of this definition can run it.
 		return a.park(ctx, fmt.Sprintf("its recovery point %q is not a step of version %s", r.point, a.w.spec().Version))
 	}
-	a.next, a.placed = next, true
+	a.next, a.first, a.placed = next, next, true
 	if err := a.loadState(ctx, rec, r); err != nil {
 		var unreadable *unreadableStateError
 		if errors.As(err, &unreadable) {
@@ -238,6 +247,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 		}
 		return a.failed(ctx, "", err)
 	}
+	a.loaded = true
 	if outcome == recovery.OutcomeTakeover {
 		a.e.logger.InfoContext(ctx, "resuming workflow", a.logAttrs("", slog.String("after", rec.RecoveryPoint))...)
 	}
@@ -632,6 +642,7 @@ func (a *attempt[Req, State]) retried(ctx context.Context, step string, try int,
 	a.e.logger.InfoContext(ctx, "foreign call failed; retrying within the attempt",
 		a.logAttrs(step, slog.Int("try", try), slog.Duration("wait", wait), slog.Any("error", err))...)
 	a.e.observeRetry(a.w.name, step)
+	a.retriedStep = step
 }
 
 // rejectable reports whether a Reject may delete the record, leaving the
@@ -687,6 +698,12 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 	if !ok {
 		return nil, stepErr
 	}
+	if rec.Compensating() {
+		// An attempt at the compensations that failed before reaching
+		// them (it could not read the record): they count its attempts.
+		a.rec = rec
+		return a.compensationFailed(ctx, cmp.Or(step, rec.Undo[0]), cause)
+	}
 	var err error
 	switch {
 	case permanent:
@@ -731,7 +748,9 @@ func (a *attempt[Req, State]) wentAway(ctx context.Context) bool {
 // recordAfterRollback returns the record as this attempt owns it once its
 // transaction rolled back. A claim that was uncommitted in that transaction
 // rolled back too; when reclaim is set, the key is claimed again, on its
-// own, so that the outcome can be recorded.
+// own, so that the outcome can be recorded, unless another attempt got
+// there first, or took it over meanwhile and moved it on (this attempt
+// hands it back then).
 func (a *attempt[Req, State]) recordAfterRollback(ctx context.Context, reclaim bool) (*recovery.Record, bool) {
 	if !a.claimOpen {
 		return a.rec, a.rec != nil
@@ -743,6 +762,15 @@ func (a *attempt[Req, State]) recordAfterRollback(ctx context.Context, reclaim b
 	rec, outcome, err := a.claim(ctx, a.e.store)
 	if err != nil || outcome == recovery.OutcomeReplay {
 		return nil, false // another attempt got there first
+	}
+	if rec.RecoveryPoint != a.claimedPoint || rec.Compensating() {
+		// Another attempt took the key over between the rollback and this
+		// claim, and moved the record on: what this one ran into, at a
+		// place the record has left, is not the record's to answer for.
+		if err := seam.StoreOf(a.e.store).HandBack(ctx, rec.Fence(), "an attempt overtaken while its claim was rolled back"); err != nil {
+			a.e.logger.WarnContext(ctx, "could not hand the lease back", a.logAttrs("", slog.Any("error", err))...)
+		}
+		return nil, false
 	}
 	return rec, true
 }

@@ -29,7 +29,7 @@ func (a *attempt[Req, State]) giveUp(ctx context.Context, step string, rec *reco
 	fence := rec.Fence()
 	var undo []string
 	if failing, ok := a.failingStep(); ok {
-		undo = a.w.undo(failing, abort != nil || phase.IsPermanent(cause))
+		undo = a.w.undo(failing, a.refused(failing, cause, abort))
 	}
 	if len(undo) == 0 {
 		if a.tx != nil {
@@ -43,10 +43,13 @@ func (a *attempt[Req, State]) giveUp(ctx context.Context, step string, rec *reco
 	if abort != nil {
 		resp = *abort
 	}
-	state, err := json.Marshal(a.run.State)
-	if err != nil {
-		a.rollback()
-		return a.failTerminally(cleanupCtx, fence, attempts, fmt.Errorf("%w; then encoding the state to undo it failed: %w", cause, err), abort)
+	var state []byte // nil keeps the committed one
+	if a.loaded {
+		var err error
+		if state, err = json.Marshal(a.run.State); err != nil {
+			a.rollback()
+			return a.failTerminally(cleanupCtx, fence, attempts, fmt.Errorf("%w; then encoding the state to undo it failed: %w", cause, err), abort)
+		}
 	}
 	if a.tx != nil {
 		if err := a.beforeCommit(ctx, step); err != nil {
@@ -54,7 +57,7 @@ func (a *attempt[Req, State]) giveUp(ctx context.Context, step string, rec *reco
 		}
 	}
 	sent := time.Now()
-	err = seam.StoreOf(a.store()).Compensate(cleanupCtx, fence, undo, resp, state,
+	err := seam.StoreOf(a.store()).Compensate(cleanupCtx, fence, undo, resp, state,
 		fmt.Sprintf("undoing %s after: %v", strings.Join(undo, ", "), cause))
 	if err == nil && a.tx != nil {
 		err = a.commit(cleanupCtx)
@@ -64,6 +67,17 @@ func (a *attempt[Req, State]) giveUp(ctx context.Context, step string, rec *reco
 		return nil, &StepError{Workflow: a.w.name, Step: step, Attempt: attempts, Err: fmt.Errorf("start compensating: %w", fenced(err))}
 	}
 	a.claimOpen = false
+	if !a.loaded {
+		// This attempt failed before it read the record's request and
+		// state: the compensations must not run with neither. It hands the
+		// key back, compensating, to the next attempt.
+		a.e.logger.WarnContext(ctx, "workflow failed before its point of no return; the next attempt undoes what its steps did",
+			a.logAttrs(step, slog.Any("undo", undo), slog.Any("error", cause))...)
+		if err := seam.StoreOf(a.e.store).HandBack(cleanupCtx, fence, "compensating after: "+cause.Error()); err != nil {
+			a.e.logger.WarnContext(ctx, "could not hand the lease back", a.logAttrs(step, slog.Any("error", err))...)
+		}
+		return nil, &StepError{Workflow: a.w.name, Step: step, Attempt: attempts, Err: cause}
+	}
 	if rec != a.rec {
 		// Claimed again after a rollback: keep the new claim's lease,
 		// which the statement that starts compensating extended.
@@ -77,6 +91,27 @@ func (a *attempt[Req, State]) giveUp(ctx context.Context, step string, rec *reco
 	a.e.logger.WarnContext(ctx, "workflow failed before its point of no return; undoing what its steps did",
 		a.logAttrs(step, slog.Any("undo", undo), slog.Bool("aborted", abort != nil), slog.Any("error", cause))...)
 	return a.compensate(ctx)
+}
+
+// refused reports whether the step at index failing, which ended the
+// workflow with cause (abort, its Abort's response), did nothing to undo:
+// it aborted (it decided instead of acting), or its call was refused for
+// good (a permanent error) and no earlier call of it can have reached the
+// other system. An earlier one can have when an earlier attempt may have
+// made it (this attempt took the record over, and the step is the first
+// after the recovery point it found) or an earlier try of this attempt's
+// did (foreign.Retry): a refusal of the repeat (409, the key in use) says
+// nothing of what the first call did.
+func (a *attempt[Req, State]) refused(failing int, cause error, abort *Response) bool {
+	if abort != nil {
+		return true
+	}
+	if !phase.IsPermanent(cause) || !a.placed {
+		return false // not the step's own refusal
+	}
+	calledBefore := (a.outcome == recovery.OutcomeTakeover && failing == a.first) ||
+		a.retriedStep == a.w.steps[min(failing, len(a.w.steps)-1)].Name()
+	return !calledBefore
 }
 
 // failingStep returns the index of the step the attempt was running when

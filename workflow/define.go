@@ -57,7 +57,7 @@ type Workflow[Req, State any] struct {
 
 // Define declares a workflow. It panics if the definition is invalid (no
 // steps, a name or step name breaking the input rules, two steps with one
-// name): definitions are package-level values, and a broken one is a
+// name, more than recovery.MaxUndo steps with a compensation): definitions are package-level values, and a broken one is a
 // programming error best found at start-up.
 func Define[Req, State any](name string, steps ...phase.Step[Req, State]) *Workflow[Req, State] {
 	w := &Workflow[Req, State]{name: name, steps: steps, noReturn: -1}
@@ -73,6 +73,12 @@ func (w *Workflow[Req, State]) validate() error {
 	}
 	if len(w.steps) == 0 {
 		return fmt.Errorf("%w: workflow %s has no steps", ErrInvalidInput, w.name)
+	}
+	if n := len(w.compensable()); n > recovery.MaxUndo {
+		// More could never be listed to undo: each failure would fail to
+		// start compensating, and be retried for ever.
+		return fmt.Errorf("%w: workflow %s has %d steps with a compensation; at most %d (recovery.MaxUndo)",
+			ErrInvalidInput, w.name, n, recovery.MaxUndo)
 	}
 	seen := map[string]bool{}
 	for _, s := range w.steps {

@@ -70,6 +70,9 @@ func (e *Engine) route(ctx context.Context, s *recovery.Store, w runnable, rec *
 			rec.Definition, cur.Version)}, nil
 	}
 	point, why := Resumable(*old, rec.RecoveryPoint, cur)
+	if why == "" {
+		why = undoKeysKept(*old, rec.RecoveryPoint, cur, w.compensable())
+	}
 	if why != "" {
 		return route{park: fmt.Sprintf("written by version %s, running version %s: %s", old.Version, cur.Version, why)}, nil
 	}

@@ -287,10 +287,7 @@ func Resumable(old Spec, point string, cur Spec) (string, string) {
 		}
 	}
 	done := last + 1 // old.Steps[:done] are committed
-	touched := done  // old.Steps[:touched] may have run
-	if done < len(old.Steps) && old.Steps[done].Kind == phase.KindForeign {
-		touched++
-	}
+	touched := old.mayHaveRun(done)
 	for i, st := range old.Steps[:touched] {
 		state := "completed"
 		if i >= done {
@@ -323,6 +320,36 @@ func Resumable(old Spec, point string, cur Spec) (string, string) {
 			old.Version, cur.Version)
 	}
 	return cur.Steps[last].Name, ""
+}
+
+// mayHaveRun returns how many of s's steps a record that committed the
+// first done of them may have run: those, and the foreign step after them,
+// whose call may have been made before a crash.
+func (s Spec) mayHaveRun(done int) int {
+	touched := done
+	if done < len(s.Steps) && s.Steps[done].Kind == phase.KindForeign {
+		touched++
+	}
+	return touched
+}
+
+// undoKeysKept reports why definition cur, which Resumable lets resume a
+// record old wrote at point, may still not: a step cur would compensate
+// (one of compensable) that the record may have done derives its
+// downstream keys from another name in cur than in old. Forward, a
+// completed step's keys no longer matter, but its compensation names the
+// call it undoes by them (foreign.Call.Compensates), and would undo one
+// that was never made. "" when every such step keeps its keys.
+func undoKeysKept(old Spec, point string, cur Spec, compensable []string) string {
+	touched := old.mayHaveRun(old.index(point) + 1) // index -1 for no point
+	for i, st := range old.Steps[:min(touched, len(cur.Steps))] {
+		got := cur.Steps[i]
+		if slices.Contains(compensable, got.Name) && got.keyName() != st.keyName() {
+			return fmt.Sprintf("step %s, which it may have to undo, derived its downstream keys from %q in version %s, but version %s derives them from %q",
+				got.Name, st.keyName(), old.Version, cur.Version, got.keyName())
+		}
+	}
+	return ""
 }
 
 // Finding is a recovery point at which records of an earlier definition
