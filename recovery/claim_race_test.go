@@ -45,10 +45,10 @@ BEGIN
     END IF;
     RETURN true;
 END $$;
-ALTER FUNCTION onceflow_may_take_over(onceflow_keys, text, bytea, bytea) RENAME TO claim_gate_rule;
-CREATE FUNCTION onceflow_may_take_over(k onceflow_keys, p_workflow text, p_hash bytea, p_principal bytea)
+ALTER FUNCTION onceflow_may_take_over(onceflow_keys, text, bytea, bytea, boolean) RENAME TO claim_gate_rule;
+CREATE FUNCTION onceflow_may_take_over(k onceflow_keys, p_workflow text, p_hash bytea, p_principal bytea, p_undo boolean)
 RETURNS boolean LANGUAGE sql VOLATILE AS $$
-    SELECT claim_gate_wait() AND claim_gate_rule(k, p_workflow, p_hash, p_principal)
+    SELECT claim_gate_wait() AND claim_gate_rule(k, p_workflow, p_hash, p_principal, p_undo)
 $$;
 CREATE FUNCTION claim_gate_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN PERFORM claim_gate_wait(); RETURN NEW; END $$;
@@ -412,5 +412,5 @@ func TestClaimRaceDownTo0008AndBack(t *testing.T) {
 	check(t)
 	var n int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_proc WHERE proname LIKE 'onceflow_%take_over'`).Scan(&n))
-	require.Equal(t, 2, n)
+	require.Equal(t, 4, n, "the takeover rule and the takeover, each with and without p_undo (migration 0012)")
 }

@@ -381,3 +381,35 @@ func TestCompensationOfAStepTheRunningVersionCannotUndoParks(t *testing.T) {
 	require.Equal(t, recovery.StatusParked, w.record(acme).Status)
 	require.Zero(t, w.provider.Effects("refunds"))
 }
+
+// TestABuildFromBeforeCompensationLeavesACompensatingRecordAlone: during a
+// rolling deploy, a process of a build from before migration 0012 claims
+// through the signatures it knows (the claim of 0010, the takeover of
+// 0011). For a record that is compensating they take nothing over, so that
+// build answers "in flight" instead of running the workflow forward after
+// its failure was decided; this build finishes the undo.
+func TestABuildFromBeforeCompensationLeavesACompensatingRecordAlone(t *testing.T) {
+	w := newWorld(t)
+	s := newSaga(w)
+	s.fail["record"] = func(int) error { return phase.Permanent(errors.New("refused")) }
+	w.provider.Fail("refunds", testapp.Fault{Status: 503})
+	e := w.engine(workflow.Config{})
+	_, err := s.workflow().Run(w.ctx, e, acme, order)
+	require.Error(t, err)
+	before := w.record(acme)
+	require.True(t, before.Compensating())
+	require.True(t, before.Released)
+
+	var owner string
+	require.NoError(t, w.db.QueryRow(w.ctx, `SELECT owner::text FROM onceflow_claim($1, $2, gen_random_uuid(), 'saga', $3, '{}', gen_random_uuid(),
+		30000000, 'abandoned', NULL, $4)`, acme.Tenant, acme.ID, before.Fingerprint[:], before.Definition).Scan(&owner))
+	require.Equal(t, before.Owner.String(), owner, "the old claim returns the record untouched")
+	require.Zero(t, w.count(`SELECT count(*) FROM onceflow_take_over($1, $2, 'saga', NULL, NULL, gen_random_uuid(), 30000000, 'abandoned')`,
+		acme.Tenant, acme.ID), "the old takeover takes nothing")
+	require.Equal(t, before.Owner, w.record(acme).Owner)
+
+	res, err := s.workflow().Run(w.ctx, e, acme, order)
+	require.NoError(t, err)
+	require.True(t, res.Compensated)
+	require.Zero(t, w.provider.Effects("shipments"))
+}

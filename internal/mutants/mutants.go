@@ -11,16 +11,16 @@ var mutants = []Mutant{
 	{
 		Name:   "claim-not-atomic",
 		Breaks: "a takeover's write does not check the rule again, so a claim that read the key absent takes over the concurrent first claim",
-		Edits: []Edit{{File: "migrations/sql/0011_not_before.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0012_compensation.up.sql",
 			Old: `    WHERE k.tenant_id = p_tenant AND k.key = p_key
-      AND {schema}.onceflow_may_take_over(k, p_workflow, p_hash, p_principal)`,
+      AND {schema}.onceflow_may_take_over(k, p_workflow, p_hash, p_principal, p_undo)`,
 			New: `    WHERE k.tenant_id = p_tenant AND k.key = p_key`}},
 		Pkg: "./recovery", Run: "^TestConcurrentClaimsOneWinner$",
 	},
 	{
 		Name:   "lock-timeout-removed",
 		Breaks: "a duplicate's claim waits on the first claim's row lock for its whole first phase",
-		Edits: []Edit{{File: "migrations/sql/0010_definitions.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0012_compensation.up.sql",
 			Old: "    PERFORM set_config('lock_timeout', '10ms', true);\n", New: ""}},
 		Pkg: "./workflow", Run: "^TestDuplicateDoesNotWaitForTheFirstPhase$",
 	},
@@ -115,7 +115,7 @@ var mutants = []Mutant{
 	{
 		Name:   "tenant-dropped",
 		Breaks: "the claim reads a key's record whatever its tenant",
-		Edits: []Edit{{File: "migrations/sql/0010_definitions.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0012_compensation.up.sql",
 			Old: "WHERE k.tenant_id = p_tenant AND k.key = p_key;",
 			New: "WHERE k.key = p_key;"}},
 		Pkg: "./recovery", Run: "^TestTenantsAreIsolated$",
@@ -146,7 +146,7 @@ var mutants = []Mutant{
 	{
 		Name:   "takeover-ignores-lease",
 		Breaks: "a takeover does not wait for the lease to end",
-		Edits: []Edit{{File: "migrations/sql/0011_not_before.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0012_compensation.up.sql",
 			Old: "k.status = 'in_flight' AND k.locked_until < clock_timestamp() AND k.workflow = p_workflow",
 			New: "k.status = 'in_flight' AND k.workflow = p_workflow"}},
 		Pkg: "./sweeper", Run: "^TestTwoSweepersCompleteEachRecordOnce$",
@@ -257,9 +257,16 @@ var mutants = []Mutant{
 		Pkg: "./crashtest", Run: "^TestRefundSurvivesEveryCrash$",
 	},
 	{
+		Name:   "old-build-takes-over-compensating",
+		Breaks: "a build from before migration 0012 takes a compensating record over and runs it forward",
+		Edits: []Edit{{File: "migrations/sql/0012_compensation.up.sql",
+			Old: "       AND (p_undo OR k.undo IS NULL)\n", New: ""}},
+		Pkg: "./workflow", Run: "^TestABuildFromBeforeCompensationLeavesACompensatingRecordAlone$",
+	},
+	{
 		Name:   "defer-ignored-by-claim",
 		Breaks: "the takeover rule ignores a deferred record's not_before, so a retry runs the step again before the other system's Retry-After",
-		Edits: []Edit{{File: "migrations/sql/0011_not_before.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0012_compensation.up.sql",
 			Old: "       AND (k.not_before IS NULL OR k.not_before <= clock_timestamp())\n", New: ""}},
 		Pkg: "./workflow", Run: "^TestDeferredKeyWaitsUntilNotBefore$",
 	},
