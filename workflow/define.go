@@ -57,7 +57,8 @@ type Workflow[Req, State any] struct {
 
 // Define declares a workflow. It panics if the definition is invalid (no
 // steps, a name or step name breaking the input rules, two steps with one
-// name, more than recovery.MaxUndo steps with a compensation): definitions are package-level values, and a broken one is a
+// name, more than recovery.MaxUndo steps with a compensation):
+// definitions are package-level values, and a broken one is a
 // programming error best found at start-up.
 func Define[Req, State any](name string, steps ...phase.Step[Req, State]) *Workflow[Req, State] {
 	w := &Workflow[Req, State]{name: name, steps: steps, noReturn: -1}
