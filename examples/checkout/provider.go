@@ -92,7 +92,10 @@ func (p *provider) routes() http.Handler {
 
 func (p *provider) charge(w http.ResponseWriter, r *http.Request) {
 	var req ChargeRequest
-	key, ok := readProviderRequest(w, r, &req, "invalid charge request", req.validate)
+	// A closure, not the method value req.validate, which would copy req
+	// before readProviderRequest decodes into it.
+	key, ok := readProviderRequest(w, r, &req, "invalid charge request", func() error { return req.validate() }) //nolint:gocritic // see above
+
 	if !ok {
 		return
 	}
