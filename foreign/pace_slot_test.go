@@ -1,0 +1,61 @@
+package foreign_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/dbtest"
+)
+
+// A call whose slot cannot be renewed because its process's pool is busy
+// (every connection taken by other work, so the renewal waits for one) is
+// cancelled before its slot's lease ends, so that it has stopped when
+// another process takes the slot. (Mutation caught: the renewal waiting on
+// the pool with no deadline, and the loss checked only after it returns:
+// the first call ran on beside the second.)
+func TestPaceSlotRenewalStuckOnABusyPoolCancelsTheCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.NewDatabase(t, dbtest.Options{})
+	limits := map[string]foreign.Pace{"payments": {Concurrency: 1}}
+	holderPool := dbtest.Connect(t, url, 1)
+	holder, err := foreign.NewPacer(holderPool, foreign.PacerConfig{Limits: limits})
+	require.NoError(t, err)
+	waiter, _ := pacer(t, url, limits)
+
+	const lease = 1200 * time.Millisecond
+	ctx, stop := context.WithCancel(ctx) // a failure must not leave the first call holding the pool
+	t.Cleanup(stop)
+	holderCalled := make(chan context.Context, 1)
+	held := make(chan error, 1)
+	go func() {
+		held <- holder.Pace(ctx, "payments", "acme", lease, func(ctx context.Context) error {
+			conn, err := holderPool.Acquire(ctx) // the process's other work takes its only connection
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			holderCalled <- ctx
+			<-ctx.Done()
+			return context.Cause(ctx)
+		})
+	}()
+	var holderCtx context.Context
+	select {
+	case holderCtx = <-holderCalled:
+	case err := <-held:
+		t.Fatalf("the first call did not start: %v", err)
+	}
+
+	var stillRunning bool
+	require.NoError(t, waiter.Pace(ctx, "payments", "acme", time.Minute, func(context.Context) error {
+		stillRunning = holderCtx.Err() == nil
+		return nil
+	}))
+	require.False(t, stillRunning, "the second call started while the first, whose slot it took, still ran")
+	require.ErrorContains(t, <-held, "slot was lost")
+}
