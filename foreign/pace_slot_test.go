@@ -2,6 +2,8 @@ package foreign_test
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -58,4 +60,28 @@ func TestPaceSlotRenewalStuckOnABusyPoolCancelsTheCall(t *testing.T) {
 	}))
 	require.False(t, stillRunning, "the second call started while the first, whose slot it took, still ran")
 	require.ErrorContains(t, <-held, "slot was lost")
+}
+
+// A Pace whose Rate is tiny, but valid, has its next token further off
+// than a time.Duration can hold: the call defers at once, with a wait of
+// the longest Duration, instead of polling until its context ends.
+// (Mutation caught: the seconds converted to a Duration unchecked, which
+// overflows to a negative wait, polled for ever.)
+func TestPaceTinyRateDefers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.NewDatabase(t, dbtest.Options{})
+	for _, rate := range []float64{1e-10, 1e-300} {
+		p, _ := pacer(t, url, map[string]foreign.Pace{fmt.Sprintf("slow-%g", rate): {Rate: rate}})
+		downstream := fmt.Sprintf("slow-%g", rate)
+		require.NoError(t, p.Pace(ctx, downstream, "", time.Minute, func(context.Context) error { return nil }), "the first token is there")
+		bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
+		called := false
+		err := p.Pace(bounded, downstream, "", time.Minute, func(context.Context) error { called = true; return nil })
+		cancel()
+		var wait *foreign.WaitError
+		require.ErrorAs(t, err, &wait, "rate %g", rate)
+		require.Equal(t, time.Duration(math.MaxInt64), wait.Wait, "rate %g", rate)
+		require.False(t, called)
+	}
 }
