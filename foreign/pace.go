@@ -105,7 +105,10 @@ func (l limitOption) apply(o *options) { o.downstream = string(l) }
 
 // WaitError is why a paced call did not start: the wait for its turn was
 // longer than a third of the lease, so the step defers (a *phase.DeferError
-// wraps it).
+// wraps it). The engine counts no attempt for a deferral that waited only
+// for its turn (not Circuit), since nothing was called; after a failed try
+// of the same attempt, the deferral wraps that try's error instead, and
+// counts.
 type WaitError struct {
 	// Downstream is the Pace's name; Tenant is set when it is per tenant.
 	Downstream, Tenant string
