@@ -85,3 +85,38 @@ func TestPaceTinyRateDefers(t *testing.T) {
 		require.False(t, called)
 	}
 }
+
+// Two first calls to a downstream at once, the second refused a token (a
+// slow Rate): the second's statement waits for the first's new bucket row,
+// and, refused, reads the bucket in a snapshot taken before that row was
+// committed. It defers like any refused call, instead of failing with "no
+// rows". (Mutation caught: pgx.ErrNoRows returned as the call's error.)
+func TestPaceFirstCallsAtOnceToASlowBucket(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.NewDatabase(t, dbtest.Options{})
+	p, _ := pacer(t, url, map[string]foreign.Pace{"payments": {Rate: 0.01}})
+	admin := dbtest.Connect(t, dbtest.DirectURL(t, url), 2)
+
+	first, err := admin.Begin(ctx) // the first call's bucket, not yet committed
+	require.NoError(t, err)
+	defer func() { _ = first.Rollback(ctx) }()
+	_, err = first.Exec(ctx, `INSERT INTO onceflow_pace (downstream, scope, tokens, refilled_at)
+		VALUES ('payments', '', 0, clock_timestamp())`)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		done <- p.Pace(ctx, "payments", "acme", time.Minute, func(context.Context) error { return nil })
+	}()
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%onceflow_pace%'`).Scan(&waiting)
+		return err == nil && waiting == 1
+	}, 10*time.Second, 5*time.Millisecond, "the second call waits for the first's row")
+	require.NoError(t, first.Commit(ctx))
+	var wait *foreign.WaitError
+	require.ErrorAs(t, <-done, &wait)
+	require.False(t, wait.Circuit)
+}

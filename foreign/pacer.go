@@ -173,6 +173,12 @@ func (p *Pacer) takeToken(ctx context.Context, t *turn) error {
 		)
 		left := max(t.left(), 0)
 		err := p.db.QueryRow(ctx, p.sql.reserve, t.downstream, t.scope, rate, burst, left.Seconds()).Scan(&granted, &secs, &circuit)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Refused by a bucket a concurrent first call made, committed
+			// after this statement's snapshot: the wait is not known; look
+			// again.
+			granted, secs, err = false, 0, nil
+		}
 		if err != nil {
 			return fmt.Errorf("pace %s: take a token: %w", t.downstream, p.notMigrated(err))
 		}
