@@ -2,7 +2,6 @@ package foreign_test
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -62,28 +61,32 @@ func TestPaceSlotRenewalStuckOnABusyPoolCancelsTheCall(t *testing.T) {
 	require.ErrorContains(t, <-held, "slot was lost")
 }
 
-// A Pace whose Rate is tiny, but valid, has its next token further off
-// than a time.Duration can hold: the call defers at once, with a wait of
-// the longest Duration, instead of polling until its context ends.
-// (Mutation caught: the seconds converted to a Duration unchecked, which
-// overflows to a negative wait, polled for ever.)
-func TestPaceTinyRateDefers(t *testing.T) {
+// A Pace's Rate below one a day is refused: its next token would be further
+// off than a deferral lasts, and, nearer zero, than a time.Duration holds
+// (a wait that overflowed below zero was polled for ever) or the database's
+// arithmetic allows. At one a day, the second call defers at once, for
+// about a day. (Mutation caught: validate without PaceRateMin: the pacer is
+// made, and the calls poll until their context ends or fail in the
+// database.)
+func TestPaceTinyRate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := dbtest.NewDatabase(t, dbtest.Options{})
-	for _, rate := range []float64{1e-10, 1e-300} {
-		p, _ := pacer(t, url, map[string]foreign.Pace{fmt.Sprintf("slow-%g", rate): {Rate: rate}})
-		downstream := fmt.Sprintf("slow-%g", rate)
-		require.NoError(t, p.Pace(ctx, downstream, "", time.Minute, func(context.Context) error { return nil }), "the first token is there")
-		bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
-		called := false
-		err := p.Pace(bounded, downstream, "", time.Minute, func(context.Context) error { called = true; return nil })
-		cancel()
-		var wait *foreign.WaitError
-		require.ErrorAs(t, err, &wait, "rate %g", rate)
-		require.Equal(t, time.Duration(math.MaxInt64), wait.Wait, "rate %g", rate)
-		require.False(t, called)
+	pool := dbtest.Connect(t, url, 2)
+	for _, rate := range []float64{1e-10, 1e-300, 5e-324, math.SmallestNonzeroFloat64, foreign.PaceRateMin / 2} {
+		_, err := foreign.NewPacer(pool, foreign.PacerConfig{Limits: map[string]foreign.Pace{"slow": {Rate: rate}}})
+		require.ErrorIs(t, err, foreign.ErrInvalidPace, "rate %g", rate)
 	}
+	p, _ := pacer(t, url, map[string]foreign.Pace{"slow": {Rate: foreign.PaceRateMin}})
+	require.NoError(t, p.Pace(ctx, "slow", "", time.Minute, func(context.Context) error { return nil }), "the first token is there")
+	bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	called := false
+	err := p.Pace(bounded, "slow", "", time.Minute, func(context.Context) error { called = true; return nil })
+	var wait *foreign.WaitError
+	require.ErrorAs(t, err, &wait)
+	require.InDelta(t, (24 * time.Hour).Seconds(), wait.Wait.Seconds(), time.Minute.Seconds())
+	require.False(t, called)
 }
 
 // Two first calls to a downstream at once, the second refused a token (a

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"math/rand/v2"
 	"time"
 
@@ -182,7 +181,7 @@ func (p *Pacer) takeToken(ctx context.Context, t *turn) error {
 		if err != nil {
 			return fmt.Errorf("pace %s: take a token: %w", t.downstream, p.notMigrated(err))
 		}
-		wait := durationOf(secs)
+		wait := time.Duration(secs * float64(time.Second)) // at most a day and the longest wait: see PaceRateMin
 		switch {
 		case !granted && wait > left:
 			return deferFor(t.downstream, t.scope, circuit, wait)
@@ -199,16 +198,6 @@ func (p *Pacer) takeToken(ctx context.Context, t *turn) error {
 			return nil
 		}
 	}
-}
-
-// durationOf is secs as a Duration, the longest one when secs is longer: a
-// tiny Rate's next token can be further off than a Duration holds, and the
-// conversion would overflow to a wait below zero.
-func durationOf(secs float64) time.Duration {
-	if secs >= float64(math.MaxInt64)/float64(time.Second) {
-		return math.MaxInt64
-	}
-	return time.Duration(secs * float64(time.Second))
 }
 
 // openCircuit holds every call of t's downstream and scope back for open.
