@@ -20,7 +20,7 @@ import (
 // once and completes. (Mutation caught: a deferral for a turn counted as
 // an attempt, so that a busy downstream failed the key with a stored 500.)
 func TestPaceTurnDeferralsDoNotSpendAttempts(t *testing.T) {
-	const lease = 600 * time.Millisecond
+	const lease = 2 * time.Second
 	limits := map[string]foreign.Pace{"payments": {Concurrency: 1}}
 	s := newShop(t, workflow.Config{Lease: lease, MaxAttempts: 2, Pacing: limits}, foreign.Limit("payments"))
 	other, err := foreign.NewPacer(s.db, foreign.PacerConfig{Limits: limits})
@@ -50,7 +50,7 @@ func TestPaceTurnDeferralsDoNotSpendAttempts(t *testing.T) {
 // returning the deferral as it is, so that the failing attempt counts
 // nothing.)
 func TestPaceTurnDeferralAfterAFailedTrySpendsTheAttempt(t *testing.T) {
-	const lease = 600 * time.Millisecond
+	const lease = 2 * time.Second
 	limits := map[string]foreign.Pace{"payments": {Concurrency: 1}}
 	s := newShop(t, workflow.Config{})
 	engine, err := workflow.NewEngine(s.db, workflow.Config{Lease: lease, MaxAttempts: 1, Pacing: limits})
@@ -80,7 +80,7 @@ func TestPaceTurnDeferralAfterAFailedTrySpendsTheAttempt(t *testing.T) {
 // frees, the refund is made, once. (Mutation caught: a compensation's
 // deferral for its turn counted against MaxAttempts.)
 func TestPaceTurnDeferralsDoNotFailACompensation(t *testing.T) {
-	const lease = 600 * time.Millisecond
+	const lease = 2 * time.Second
 	limits := map[string]foreign.Pace{"payments": {Concurrency: 1}}
 	s := newShop(t, workflow.Config{})
 	engine, err := workflow.NewEngine(s.db, workflow.Config{Lease: lease, MaxAttempts: 2, Pacing: limits})

@@ -28,7 +28,7 @@ func TestPaceSlotRenewalStuckOnABusyPoolCancelsTheCall(t *testing.T) {
 	require.NoError(t, err)
 	waiter, _ := pacer(t, url, limits)
 
-	const lease = 1200 * time.Millisecond
+	const lease = 2400 * time.Millisecond
 	ctx, stop := context.WithCancel(ctx) // a failure must not leave the first call holding the pool
 	t.Cleanup(stop)
 	holderCalled := make(chan context.Context, 1)
