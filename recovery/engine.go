@@ -40,8 +40,8 @@ func (e *engineStore) HandBack(ctx context.Context, f Fence, cause string) error
 	return e.store().handBack(ctx, f, cause)
 }
 
-func (e *engineStore) HandBackFor(ctx context.Context, f Fence, after time.Duration, cause string) (time.Time, error) {
-	return e.store().handBackFor(ctx, f, after, cause)
+func (e *engineStore) HandBackFor(ctx context.Context, f Fence, after time.Duration, cause string, counted bool) (time.Time, error) {
+	return e.store().handBackFor(ctx, f, after, cause, counted)
 }
 
 func (e *engineStore) ReleaseLeaseOver(ctx context.Context, f Fence, cause string) error {

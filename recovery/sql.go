@@ -94,14 +94,13 @@ WHERE ` + fence
     last_error = $4, updated_at = clock_timestamp()
 WHERE ` + fence
 
-	// handBackForSQL releases the lease like releaseSQL (an attempt counts,
-	// so that MaxAttempts bounds a downstream that defers for ever) and
-	// defers the record: no takeover before $5 microseconds from now by the
-	// database clock (see onceflow_may_take_over, migration 0011). It
-	// returns that time.
+	// handBackForSQL releases the lease like releaseSQL, counting $6 (0
+	// or 1) attempts, and defers the record: no takeover before $5
+	// microseconds from now by the database clock (see
+	// onceflow_may_take_over, migration 0011). It returns that time.
 	handBackForSQL = `UPDATE {keys} SET locked_until = '-infinity', owner = gen_random_uuid(),
     not_before = clock_timestamp() + $5::bigint * interval '1 microsecond',
-    attempts = attempts + 1, last_error = $4, updated_at = clock_timestamp()
+    attempts = attempts + $6::int, last_error = $4, updated_at = clock_timestamp()
 WHERE ` + fence + `
 RETURNING not_before`
 

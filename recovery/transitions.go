@@ -135,16 +135,21 @@ func (s *Store) handBack(ctx context.Context, f Fence, cause string) error {
 	return s.fenced("hand back", f, tag, err)
 }
 
-// handBackFor releases the lease like Release, counting an attempt (so
-// that MaxAttempts bounds a downstream that defers for ever), and defers
-// the record: no claim, Resume or completer takes it
-// over until after (at most MaxDefer) has passed by the database clock. A
-// claim meanwhile gets an *InFlightError with the time left. It returns
-// that time (Record.NotBefore).
-func (s *Store) handBackFor(ctx context.Context, f Fence, after time.Duration, cause string) (time.Time, error) {
+// handBackFor releases the lease like Release, counting an attempt when
+// counted is set (so that MaxAttempts bounds a downstream that defers for
+// ever; a deferral that only waits its turn, having called nothing, is
+// not a failure), and defers the record: no claim, Resume or completer
+// takes it over until after (at most MaxDefer) has passed by the database
+// clock. A claim meanwhile gets an *InFlightError with the time left. It
+// returns that time (Record.NotBefore).
+func (s *Store) handBackFor(ctx context.Context, f Fence, after time.Duration, cause string, counted bool) (time.Time, error) {
 	after = min(max(after, 0), MaxDefer)
+	attempts := 0
+	if counted {
+		attempts = 1
+	}
 	var notBefore time.Time
-	err := s.db.QueryRow(ctx, s.sql.handBackFor, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause), after.Microseconds()).
+	err := s.db.QueryRow(ctx, s.sql.handBackFor, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause), after.Microseconds(), attempts).
 		Scan(&notBefore)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, lostLease("defer", f)

@@ -500,8 +500,8 @@ var mutants = []Mutant{
 		Name:   "deferrals-unbounded",
 		Breaks: "a deferral is not bounded by MaxAttempts, so a downstream that always defers keeps the key for ever",
 		Edits: []Edit{{File: "recovery/sql.go",
-			Old: "    attempts = attempts + 1, last_error = $4, updated_at = clock_timestamp()\nWHERE ` + fence + `\nRETURNING not_before`",
-			New: "    last_error = $4, updated_at = clock_timestamp()\nWHERE ` + fence + `\nRETURNING not_before`"}},
+			Old: "    attempts = attempts + $6::int, last_error = $4, updated_at = clock_timestamp()\nWHERE ` + fence + `\nRETURNING not_before`",
+			New: "    attempts = attempts + 0 * $6::int, last_error = $4, updated_at = clock_timestamp()\nWHERE ` + fence + `\nRETURNING not_before`"}},
 		Pkg: "./workflow", Run: "^TestDeferralsAreBoundedByMaxAttempts$",
 	},
 	{
@@ -524,5 +524,19 @@ var mutants = []Mutant{
 		Edits: []Edit{{File: "foreign/pacer_sql.go",
 			Old: "    WHERE p.open_until <= excluded.refilled_at\n      AND ", New: "    WHERE "}},
 		Pkg: "./foreign", Run: "^TestPaceCircuitHoldsOtherKeysBack$",
+	},
+	{
+		Name:   "pace-slot-renewal-unbounded",
+		Breaks: "a slot renewal waiting for a busy pool's connection has no deadline, so the call runs on after its slot passed to another",
+		Edits: []Edit{{File: "foreign/pacer.go",
+			Old: "renewCtx, stop := context.WithDeadline(callCtx, deadline)", New: "renewCtx, stop := context.WithCancel(callCtx)"}},
+		Pkg: "./foreign", Run: "^TestPaceSlotRenewalStuckOnABusyPoolCancelsTheCall$",
+	},
+	{
+		Name:   "pace-turn-deferral-counted",
+		Breaks: "a paced call's deferral for its turn counts an attempt, so a busy downstream fails keys that called nothing",
+		Edits: []Edit{{File: "workflow/attempt.go",
+			Old: "counted := !isDeferred || !turnOnly(cause)", New: "counted := true"}},
+		Pkg: "./foreign", Run: "^TestPaceTurnDeferralsDoNotSpendAttempts$",
 	},
 }
