@@ -145,9 +145,9 @@ func (a *Admin) Show(ctx context.Context, key recovery.Key) (*Detail, error) {
 
 // cursor is a listing position as a Page's Next carries it.
 type cursor struct {
-	UpdatedAt time.Time
-	Tenant    string
-	Key       string
+	UpdatedAt time.Time `json:"u"`
+	Tenant    string    `json:"t"`
+	Key       string    `json:"k"`
 }
 
 func encodeCursor(p recovery.ListPosition) string {
