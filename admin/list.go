@@ -130,17 +130,13 @@ func (a *Admin) Show(ctx context.Context, key recovery.Key) (*Detail, error) {
 	if err != nil {
 		return nil, err
 	}
-	versions := map[string]string{}
+	var defs []recovery.StoredDefinition
 	if rec.Definition != "" || rec.ResumeAs != "" {
-		defs, err := a.store.Definitions(ctx, rec.Workflow, "")
-		if err != nil {
+		if defs, err = a.store.Definitions(ctx, rec.Workflow, ""); err != nil {
 			return nil, err
 		}
-		for _, d := range defs {
-			versions[d.Fingerprint] = d.Version
-		}
 	}
-	return detail(rec, versions), nil
+	return Describe(rec, defs), nil
 }
 
 // cursor is a listing position as a Page's Next carries it.
