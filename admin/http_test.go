@@ -228,6 +228,26 @@ func TestHTTPAPI(t *testing.T) {
 	msgs, err := ob.List(b.ctx, b.db, outbox.Filter{Status: outbox.StatusPending})
 	require.NoError(t, err)
 	require.Len(t, msgs, 1)
+
+	// It dies again, with another; a bulk retry of one topic revives its own.
+	require.NoError(t, ob.Enqueue(b.ctx, b.db, outbox.Message{Topic: "invoice", DedupeKey: "i1", Payload: 1}))
+	relay, err = outbox.NewRelay(b.db, outbox.RelayConfig{MaxAttempts: 1, Handlers: map[string]outbox.Handler{
+		"receipt": func(context.Context, *outbox.Record) error { return errors.New("smtp down") },
+		"invoice": func(context.Context, *outbox.Record) error { return errors.New("pdf down") }}})
+	require.NoError(t, err)
+	_, err = relay.RunOnce(b.ctx)
+	require.NoError(t, err)
+	status, body = do(t, srv, call{method: "POST", path: "/api/bulk/retry", token: "writer", body: `{"filter": {"topic": "receipt"}}`})
+	require.Equal(t, 200, status, "%s", body)
+	rep = admin.Report{}
+	require.NoError(t, json.Unmarshal(body, &rep))
+	require.Equal(t, admin.Report{Matched: 1, Done: 1}, rep)
+	dead = admin.DeadPage{}
+	status, body = do(t, srv, call{method: "GET", path: "/api/outbox/dead", token: "reader"})
+	require.Equal(t, 200, status, "%s", body)
+	require.NoError(t, json.Unmarshal(body, &dead))
+	require.Len(t, dead.Messages, 1)
+	require.Equal(t, "invoice", dead.Messages[0].Topic)
 }
 
 // TestNewRefusesOpenAccess: without an authenticator there is no Admin:
