@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -316,7 +315,7 @@ func (a *Admin) writeError(w http.ResponseWriter, err error) {
 		status = http.StatusRequestEntityTooLarge
 	case errors.Is(err, ErrInvalidInput):
 		status = http.StatusBadRequest
-	case errors.Is(err, ErrNotFound), errors.Is(err, outbox.ErrNotFound):
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrMessageNotFound):
 		status = http.StatusNotFound
 	case errors.Is(err, ErrChanged), errors.Is(err, ErrFinished), errors.Is(err, ErrLeaseLive):
 		status = http.StatusConflict
