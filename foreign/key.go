@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/onceflow/onceflow/internal/tracing"
+
 	"github.com/onceflow/onceflow/recovery"
 )
 
@@ -46,7 +48,12 @@ func DeriveKey(key recovery.Key, recordID uuid.UUID, step string, parts ...strin
 
 // SetHeader sets the Idempotency-Key header of an outgoing request to key,
 // as a bare token (derived keys are valid RFC 8941 tokens, which is what
-// most APIs expect).
+// most APIs expect), and writes the trace context of req's context into
+// its headers (traceparent, with otel's global propagator, or W3C Trace
+// Context when none is set), so that the other system's spans join the
+// call's trace. Make req with the step's context
+// (http.NewRequestWithContext): it carries the call's span.
 func SetHeader(req *http.Request, key string) {
 	req.Header.Set(Header, key)
+	tracing.Inject(req.Context(), req.Header)
 }

@@ -1,12 +1,14 @@
 package foreign_test
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/recovery"
@@ -46,4 +48,25 @@ func TestSetHeader(t *testing.T) {
 	require.NoError(t, err)
 	foreign.SetHeader(req, "of1_abc")
 	require.Equal(t, "of1_abc", req.Header.Get("Idempotency-Key"))
+}
+
+// SetHeader sends the trace context of the request's context, so that the
+// other system's spans join the call's trace, and nothing without one.
+func TestSetHeaderSendsTraceContext(t *testing.T) {
+	t.Parallel()
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID:    trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36},
+		SpanID:     trace.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
+		TraceFlags: trace.FlagsSampled,
+	})
+	ctx := trace.ContextWithSpanContext(context.Background(), sc)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://payments.example/charges", nil)
+	require.NoError(t, err)
+	foreign.SetHeader(req, "of1_abc")
+	require.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", req.Header.Get("traceparent"))
+
+	bare, err := http.NewRequest(http.MethodPost, "https://payments.example/charges", nil)
+	require.NoError(t, err)
+	foreign.SetHeader(bare, "of1_abc")
+	require.Empty(t, bare.Header.Get("traceparent"))
 }

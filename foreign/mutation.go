@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/onceflow/onceflow/internal/tracing"
 	"github.com/onceflow/onceflow/phase"
 )
 
@@ -76,8 +79,30 @@ func wrap[Req, State any](o *options, fn func(ctx context.Context, c *Call[Req, 
 			retried = func(try int, err error, wait time.Duration) { r.Retried(r.Step, try, err, wait) }
 		}
 		t := tries{lease: r.Lease, retried: retried, pacer: r.Pacer, tenant: r.Key.Tenant}
-		return o.run(ctx, t, func(ctx context.Context) error { return fn(ctx, c) })
+		try := 0
+		return o.run(ctx, t, func(ctx context.Context) (err error) {
+			try++
+			ctx, span := startCall(ctx, c, try)
+			defer func() { tracing.End(span, err) }()
+			return fn(ctx, c)
+		})
 	}
+}
+
+// startCall starts the span of one try of c's call, from the tracer of
+// the span ctx carries (the engine's step span, made by the engine's
+// TracerProvider): a child of the step, with the derived key and, in a
+// compensation, the key it undoes. Nothing of the request goes in.
+func startCall[Req, State any](ctx context.Context, c *Call[Req, State], try int) (context.Context, trace.Span) {
+	ctx, span := trace.SpanFromContext(ctx).TracerProvider().Tracer(tracing.ScopeName).
+		Start(ctx, "onceflow.call "+c.Step)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.Step.String(c.Step), tracing.DerivedKey.String(c.Key), tracing.Try.Int(try))
+		if c.Compensates != "" {
+			span.SetAttributes(tracing.Compensates.String(c.Compensates))
+		}
+	}
+	return ctx, span
 }
 
 // compensation is a Compensate option's function.

@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/tracing"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
@@ -84,6 +85,11 @@ func (cfg WorkflowConfig) validate() error {
 // the workflow's name and the decoded request: carry what the path says in
 // the body.
 //
+// The run's spans (workflow.Config TracerProvider) join the trace the
+// request's headers carry (traceparent, with otel's global propagator, or
+// W3C Trace Context when none is set), unless the request's context has a
+// span already (a handler wrapped by otelhttp, say).
+//
 // On a database nobody migrated for the engine, every request is 503 and
 // the first one logs an error naming the command to run (see
 // workflow.NewEngine).
@@ -112,7 +118,7 @@ func Workflow[Req, State any](engine *workflow.Engine, wf *workflow.Workflow[Req
 			writeProblem(w, p)
 			return
 		}
-		res, err := wf.Run(r.Context(), engine, who.key, req, workflow.AsPrincipal(who.principal))
+		res, err := wf.Run(tracing.Extract(r), engine, who.key, req, workflow.AsPrincipal(who.principal))
 		if err != nil {
 			c.runFailed(w, r, err)
 			return

@@ -14,10 +14,12 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/internal/lease"
 	"github.com/onceflow/onceflow/internal/seam"
+	"github.com/onceflow/onceflow/internal/tracing"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 )
@@ -71,6 +73,7 @@ type attempt[Req, State any] struct {
 	// acted: this attempt did something a rollback cannot undo (started a
 	// foreign call, or committed a step).
 	acted bool
+	span  trace.Span // the attempt's span (trace.go)
 }
 
 // lostLease marks a loss of the lease that the engine itself found (a
@@ -138,6 +141,8 @@ func (w *Workflow[Req, State]) resume(ctx context.Context, e *Engine, rec *recov
 // panic outside the steps' own functions (in a state's JSON methods, say)
 // rolls back and is handled as a failed step.
 func (a *attempt[Req, State]) execute(ctx context.Context) (res *Result, err error) {
+	ctx = a.startAttempt(ctx)
+	defer func() { a.endAttempt(res, err) }() // last: after the recovery below
 	defer func() {
 		if v := recover(); v != nil {
 			res, err = a.failed(ctx, "", &phase.PanicError{Step: a.run.Step, Value: v, Stack: debug.Stack()})
@@ -178,11 +183,13 @@ func (a *attempt[Req, State]) execute(ctx context.Context) (res *Result, err err
 				return nil, err
 			}
 		}
+		stepCtx, span := a.startStep(ctx, step)
 		if step.Kind() == phase.KindAtomic {
-			res, err = a.atomic(ctx, step)
+			res, err = a.atomic(stepCtx, step)
 		} else {
-			res, err = a.foreign(ctx, step)
+			res, err = a.foreign(stepCtx, step)
 		}
+		tracing.End(span, failure(err))
 		if res != nil || err != nil {
 			return res, err
 		}
@@ -196,7 +203,9 @@ func (a *attempt[Req, State]) execute(ctx context.Context) (res *Result, err err
 // record. It returns a result or an error when this attempt does not own
 // the key.
 func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Result, error) {
-	rec, outcome, err := a.claimWith(ctx, folded)
+	claimCtx, span := a.startClaim(ctx)
+	rec, outcome, err := a.claimWith(claimCtx, folded)
+	a.endClaim(span, rec, outcome, err)
 	a.e.observeClaim(a.w.name, outcome, err)
 	if err != nil || outcome == recovery.OutcomeReplay {
 		if outcome == recovery.OutcomeReplay && a.conn != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/seam"
+	"github.com/onceflow/onceflow/internal/tracing"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 )
@@ -140,37 +141,9 @@ func (a *attempt[Req, State]) compensate(ctx context.Context) (*Result, error) {
 		if err := a.e.crashPoint(ctx, a.key, BeforeCompensation, name); err != nil {
 			return nil, err
 		}
-		a.run.KeyStep = a.w.keyStep(i)
-		stepCtx, stop := a.heartbeat(ctx, name, true)
-		err := context.Cause(stepCtx)
-		if err == nil {
-			a.acted = true
-			started := a.e.now()
-			err = seam.StepOf(a.w.steps[i]).RunCompensation(stepCtx, &a.run)
-			a.e.observeCompensation(a.w.name, name, started, err)
-		}
-		if lost := stop(); lost != nil {
-			err = lost
-		}
-		if err != nil {
-			return a.compensationFailed(ctx, name, err)
-		}
-		if err := a.e.crashPoint(ctx, a.key, AfterCompensationCall, name); err != nil {
-			return nil, err
-		}
-		state, err := json.Marshal(a.run.State)
-		if err != nil {
-			return a.compensationFailed(ctx, name, phase.Permanent(fmt.Errorf("encode state: %w", err)))
-		}
-		sent := time.Now()
-		finished, err := seam.StoreOf(a.e.store).Undone(ctx, a.rec.Fence(), name, state)
-		if err != nil {
-			return a.compensationFailed(ctx, name, fenced(err))
-		}
-		a.extended(sent)
-		a.rec.Undo = a.rec.Undo[1:]
-		if err := a.e.crashPoint(ctx, a.key, AfterCompensationCommit, name); err != nil {
-			return nil, err
+		finished, res, err := a.undo(ctx, name, i)
+		if res != nil || err != nil {
+			return res, err
 		}
 		if finished {
 			break
@@ -178,6 +151,47 @@ func (a *attempt[Req, State]) compensate(ctx context.Context) (*Result, error) {
 	}
 	a.e.logger.InfoContext(ctx, "workflow compensated: what its steps did is undone", a.logAttrs("")...)
 	return &Result{Response: *a.rec.Response, Outcome: a.outcome, ResumedFrom: a.resumedFrom(), Compensated: true}, nil
+}
+
+// undo runs the compensation of the step at index i, named name, and
+// commits it, within a span of its own. finished reports that it was the
+// last: the record is compensated.
+func (a *attempt[Req, State]) undo(ctx context.Context, name string, i int) (finished bool, res *Result, err error) {
+	ctx, span := a.startCompensation(ctx, name)
+	defer func() { tracing.End(span, failure(err)) }()
+	a.run.KeyStep = a.w.keyStep(i)
+	stepCtx, stop := a.heartbeat(ctx, name, true)
+	err = context.Cause(stepCtx)
+	if err == nil {
+		a.acted = true
+		started := a.e.now()
+		err = seam.StepOf(a.w.steps[i]).RunCompensation(stepCtx, &a.run)
+		a.e.observeCompensation(a.w.name, name, started, err)
+	}
+	if lost := stop(); lost != nil {
+		err = lost
+	}
+	if err != nil {
+		res, err = a.compensationFailed(ctx, name, err)
+		return false, res, err
+	}
+	if err := a.e.crashPoint(ctx, a.key, AfterCompensationCall, name); err != nil {
+		return false, nil, err
+	}
+	state, err := json.Marshal(a.run.State)
+	if err != nil {
+		res, err = a.compensationFailed(ctx, name, phase.Permanent(fmt.Errorf("encode state: %w", err)))
+		return false, res, err
+	}
+	sent := time.Now()
+	finished, err = seam.StoreOf(a.e.store).Undone(ctx, a.rec.Fence(), name, state)
+	if err != nil {
+		res, err = a.compensationFailed(ctx, name, fenced(err))
+		return false, res, err
+	}
+	a.extended(sent)
+	a.rec.Undo = a.rec.Undo[1:]
+	return finished, nil, a.e.crashPoint(ctx, a.key, AfterCompensationCommit, name)
 }
 
 // compensationFailed handles a compensation's error as failed handles a

@@ -11,8 +11,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/tracing"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 )
@@ -95,6 +98,16 @@ type Config struct {
 	// metrics.
 	Observer Observer
 
+	// TracerProvider makes the engine's spans (OpenTelemetry): one per
+	// attempt, and within it one for the claim, one per step, one per try
+	// of a foreign call (foreign.Mutation, with the derived key as an
+	// attribute; never request data) and one per compensation. A new
+	// record stores its attempt's trace context, and every later attempt
+	// at the key (a retry, a takeover, a completer's resume) links its span
+	// to it. nil means otel.GetTracerProvider(), which makes no-op spans
+	// until an SDK is installed.
+	TracerProvider trace.TracerProvider
+
 	// Clock reads the local time. nil means time.Now. The engine reads it
 	// only for the step durations it tells the Observer: a lease is decided
 	// by the database clock (who holds a key, until when, whether it may be
@@ -115,6 +128,9 @@ func (cfg Config) withDefaults() Config {
 	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
+	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
 	}
 	return cfg
 }
@@ -143,6 +159,7 @@ type Engine struct {
 	hooks       Hooks
 	observer    Observer
 	now         func() time.Time
+	tracer      trace.Tracer
 	pacer       phase.Pacer // nil: no Pacing
 
 	mu        sync.RWMutex
@@ -209,6 +226,7 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 		logger:      cfg.Logger,
 		observer:    cfg.Observer,
 		now:         cfg.Clock,
+		tracer:      cfg.TracerProvider.Tracer(tracing.ScopeName),
 		workflows:   map[string]*family{},
 		specs:       map[string]*Spec{},
 		saved:       map[string]bool{},

@@ -136,6 +136,7 @@ type Provider struct {
 	effects map[string]map[string]string // endpoint -> key -> id
 	undoes  map[string]map[string]string // endpoint -> key -> the key its first call named in ?of=
 	keys    map[string][]string          // endpoint -> keys in call order
+	traces  map[string][]string          // endpoint -> the calls' traceparent headers, in call order
 	faults  map[string][]Fault           // endpoint -> the next calls' faults
 	closing chan struct{}                // closed when the test ends: hung calls answer
 	latency time.Duration                // how long a served call takes
@@ -157,7 +158,7 @@ type Fault struct {
 
 // NewProvider starts a Provider, closed when t ends.
 func NewProvider(t testing.TB) *Provider {
-	p := &Provider{effects: map[string]map[string]string{}, undoes: map[string]map[string]string{}, keys: map[string][]string{},
+	p := &Provider{effects: map[string]map[string]string{}, undoes: map[string]map[string]string{}, keys: map[string][]string{}, traces: map[string][]string{},
 		faults: map[string][]Fault{}, closing: make(chan struct{})}
 	p.Server = httptest.NewServer(http.HandlerFunc(p.serve))
 	t.Cleanup(p.Close)
@@ -233,6 +234,7 @@ func (p *Provider) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	p.mu.Lock()
 	p.keys[endpoint] = append(p.keys[endpoint], key)
+	p.traces[endpoint] = append(p.traces[endpoint], r.Header.Get("traceparent"))
 	var fault Fault
 	if f := p.faults[endpoint]; len(f) > 0 {
 		fault, p.faults[endpoint] = f[0], f[1:]
@@ -305,6 +307,14 @@ func (p *Provider) Keys(endpoint string) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]string(nil), p.keys[endpoint]...)
+}
+
+// TraceParents are the traceparent headers of endpoint's calls, in call
+// order ("" for a call without one).
+func (p *Provider) TraceParents(endpoint string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.traces[endpoint]...)
 }
 
 // MaxCalls is the most calls endpoint got with one key.
