@@ -43,6 +43,7 @@ type Metrics struct {
 	abandoned   *prometheus.GaugeVec
 	parkedNow   *prometheus.GaugeVec
 	oldest      prometheus.Gauge
+	stuck       *prometheus.GaugeVec
 	taskRuns    *prometheus.CounterVec
 	taskSeconds *prometheus.HistogramVec
 }
@@ -118,6 +119,10 @@ func New() *Metrics {
 			Name: "onceflow_oldest_in_flight_seconds",
 			Help: "Age of the oldest record in flight; 0 when none is.",
 		}),
+		stuck: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "onceflow_oldest_stuck_seconds",
+			Help: "Age of the oldest stuck record of each workflow: in flight, held by no attempt (its lease ran out or was handed back), counted from its creation; 0 when none is.",
+		}, []string{"workflow"}),
 		taskRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceflow_sweeper_task_runs_total",
 			Help: "Sweeper task runs by result (ok or error).",
@@ -137,7 +142,7 @@ func New() *Metrics {
 // your own.
 func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.claims, m.leaseLost, m.parked, m.steps, m.retries, m.deferrals, m.undone, m.paceWaits, m.paceDefers, m.circuits, m.resumes, m.pruned, m.outbox, m.abandoned,
-		m.parkedNow, m.oldest, m.taskRuns, m.taskSeconds}
+		m.parkedNow, m.oldest, m.stuck, m.taskRuns, m.taskSeconds}
 }
 
 // Registry returns the registry New created.
@@ -235,6 +240,12 @@ func (m *Metrics) ParkedRecords(workflow string, records int) {
 // OldestInFlight sets the age of the oldest record in flight
 // (sweeper.Observer).
 func (m *Metrics) OldestInFlight(age time.Duration) { m.oldest.Set(age.Seconds()) }
+
+// OldestStuck sets the age of a workflow's oldest stuck record
+// (sweeper.Observer).
+func (m *Metrics) OldestStuck(workflow string, age time.Duration) {
+	m.stuck.WithLabelValues(workflow).Set(age.Seconds())
+}
 
 // Metrics observes every part of onceflow that reports.
 var (

@@ -121,6 +121,7 @@ func TestMetricsOverHTTP(t *testing.T) {
 		`onceflow_abandoned_records{workflow="gone"} 1`,
 		`onceflow_parked_records{workflow="pay"} 1`,
 		`onceflow_oldest_in_flight_seconds 72`, // two hours, as 7.2e+03
+		`onceflow_oldest_stuck_seconds{workflow="gone"} 72`,
 		`go_goroutines`,
 	} {
 		require.Contains(t, string(body), line)

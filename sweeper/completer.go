@@ -112,11 +112,12 @@ type Completer struct {
 	observer Observer
 
 	mu        sync.Mutex
-	abandoned map[string]int // abandoned records per workflow, as last reported
-	parked    map[string]int // parked records per workflow, as last reported
+	abandoned map[string]int  // abandoned records per workflow, as last reported
+	parked    map[string]int  // parked records per workflow, as last reported
+	stuck     map[string]bool // workflows last reported with a stuck record
 }
 
-type completerSQL struct{ due, abandoned, parked, oldest string }
+type completerSQL struct{ due, abandoned, parked, oldest, stuck string }
 
 // NewCompleter returns a completer that resumes through engine, in the
 // engine's schema. With a nil engine it only reports abandoned records and
@@ -146,11 +147,13 @@ func NewCompleter(db DBTX, engine *workflow.Engine, cfg CompleterConfig) (*Compl
 			abandoned: dbschema.Expand(abandonedSQL, schema),
 			parked:    dbschema.Expand(parkedSQL, schema),
 			oldest:    dbschema.Expand(oldestSQL, schema),
+			stuck:     dbschema.Expand(oldestStuckSQL, schema),
 		},
 		logger:    cfg.Logger,
 		observer:  cfg.Observer,
 		abandoned: map[string]int{},
 		parked:    map[string]int{},
+		stuck:     map[string]bool{},
 	}, nil
 }
 
@@ -199,6 +202,18 @@ SELECT workflow, count(*) FROM {schema}.onceflow_keys WHERE status = 'parked' GR
 const oldestSQL = `
 SELECT coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
 FROM {schema}.onceflow_keys WHERE status = 'in_flight'`
+
+// oldestStuckSQL is, per workflow, the age of the oldest stuck record: in
+// flight (compensating included) and held by no attempt, its lease run out
+// or handed back (deferred ones too), so that nothing moves it until a
+// retry or a completer takes it over. The age counts from its creation:
+// how long its client has waited for an answer. Like dueSQL, it reads
+// through onceflow_keys_in_flight_idx.
+const oldestStuckSQL = `
+SELECT workflow, extract(epoch FROM clock_timestamp() - min(created_at))::float8
+FROM {schema}.onceflow_keys
+WHERE status = 'in_flight' AND locked_until < clock_timestamp()
+GROUP BY workflow`
 
 // Run reports what it cannot resume (abandoned and parked records) and the
 // age of the oldest record in flight, then resumes one batch of due
@@ -284,7 +299,8 @@ func (c *Completer) resume(ctx context.Context, d dueRecord) {
 }
 
 // report tells the observer and the log about records no known workflow can
-// resume, about parked records, and about the oldest record in flight.
+// resume, about parked records, about the oldest record in flight, and
+// about each workflow's oldest stuck record.
 func (c *Completer) report(ctx context.Context, known []string) error {
 	ctx, cancel := context.WithTimeout(ctx, completerReportTimeout)
 	defer cancel()
@@ -312,7 +328,47 @@ func (c *Completer) report(ctx context.Context, known []string) error {
 	if c.observer != nil {
 		c.observer.OldestInFlight(time.Duration(seconds * float64(time.Second)))
 	}
+	return c.reportStuck(ctx)
+}
+
+// reportStuck tells the observer the age of each workflow's oldest stuck
+// record (oldestStuckSQL), and 0 for a workflow last reported that has
+// none left.
+func (c *Completer) reportStuck(ctx context.Context) error {
+	rows, err := c.db.Query(ctx, c.sql.stuck)
+	if err != nil {
+		return fmt.Errorf("age of the oldest stuck record: %w", recovery.NotMigrated(c.schema, err))
+	}
+	ages := map[string]time.Duration{}
+	var (
+		name    string
+		seconds float64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&name, &seconds}, func() error {
+		ages[name] = time.Duration(seconds * float64(time.Second))
+		return nil
+	}); err != nil {
+		return fmt.Errorf("age of the oldest stuck record: %w", recovery.NotMigrated(c.schema, err))
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for name := range c.stuck {
+		if _, still := ages[name]; !still {
+			c.observeStuck(name, 0)
+			delete(c.stuck, name)
+		}
+	}
+	for name, age := range ages {
+		c.stuck[name] = true
+		c.observeStuck(name, age)
+	}
 	return nil
+}
+
+func (c *Completer) observeStuck(name string, age time.Duration) {
+	if c.observer != nil {
+		c.observer.OldestStuck(name, age)
+	}
 }
 
 // countPerWorkflow runs sql, which returns (workflow, count) rows.

@@ -104,12 +104,13 @@ type recorder struct {
 	abandoned map[string]int
 	parked    map[string]int
 	oldest    time.Duration
+	stuck     map[string]time.Duration
 	ran       chan string
 }
 
 func newRecorder() *recorder {
 	return &recorder{runs: map[string]int{}, pruned: map[string]int{}, resumed: map[string]int{}, attempted: map[string]int{},
-		abandoned: map[string]int{}, parked: map[string]int{}, ran: make(chan string, 100)}
+		abandoned: map[string]int{}, parked: map[string]int{}, stuck: map[string]time.Duration{}, ran: make(chan string, 100)}
 }
 
 func (r *recorder) TaskRan(task string, _ time.Duration, _ error) {
@@ -159,6 +160,24 @@ func (r *recorder) parkedNow(workflow string) int {
 		return -1
 	}
 	return n
+}
+
+func (r *recorder) OldestStuck(workflow string, age time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stuck[workflow] = age
+}
+
+// stuckNow is the age of workflow's oldest stuck record last reported; -1
+// when none was.
+func (r *recorder) stuckNow(workflow string) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	age, ok := r.stuck[workflow]
+	if !ok {
+		return -1
+	}
+	return age
 }
 
 func (r *recorder) OldestInFlight(age time.Duration) {

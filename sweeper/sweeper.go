@@ -91,6 +91,10 @@ type Observer interface {
 	// OldestInFlight reports the age of the oldest record in flight, 0
 	// when none is.
 	OldestInFlight(age time.Duration)
+	// OldestStuck reports the age of a workflow's oldest stuck record: in
+	// flight and held by no attempt (its lease ran out or was handed
+	// back), counted from its creation; 0 when the workflow has none left.
+	OldestStuck(workflow string, age time.Duration)
 }
 
 // Sweeper runs tasks on their schedules.
