@@ -9,7 +9,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/internal/tracing"
-
 	"github.com/onceflow/onceflow/recovery"
 )
 

@@ -183,14 +183,7 @@ func (a *attempt[Req, State]) execute(ctx context.Context) (res *Result, err err
 				return nil, err
 			}
 		}
-		stepCtx, span := a.startStep(ctx, step)
-		if step.Kind() == phase.KindAtomic {
-			res, err = a.atomic(stepCtx, step)
-		} else {
-			res, err = a.foreign(stepCtx, step)
-		}
-		tracing.End(span, failure(err))
-		if res != nil || err != nil {
+		if res, err := a.runStep(ctx, step); res != nil || err != nil {
 			return res, err
 		}
 	}
@@ -420,6 +413,16 @@ func (a *attempt[Req, State]) claimWithin(ctx context.Context, folded bool) (rec
 	}
 	a.tx = &phaseTx{conn: conn.Conn()}
 	return rec, outcome, nil
+}
+
+// runStep runs step, atomic or foreign, within a span of its own.
+func (a *attempt[Req, State]) runStep(ctx context.Context, step phase.Step[Req, State]) (res *Result, err error) {
+	ctx, span := a.startStep(ctx, step)
+	defer func() { tracing.End(span, failure(err)) }() // a panic ends it too
+	if step.Kind() == phase.KindAtomic {
+		return a.atomic(ctx, step)
+	}
+	return a.foreign(ctx, step)
 }
 
 // atomic runs an atomic phase in the open transaction (begun here if none
