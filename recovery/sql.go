@@ -32,13 +32,14 @@ const (
 // Parameters: $1 tenant, $2 key, $3 new id, $4 workflow, $5 fingerprint,
 // $6 request, $7 new owner, $8 lease in microseconds, $9 the error recorded
 // when taking over a lease whose holder stopped without releasing it, $10
-// the principal's hash, $11 the definition (migration 0010). The last
-// argument says this build knows compensation: it may take over a record
-// whose undo list a build from before migration 0012 must leave alone.
+// the principal's hash, $11 the definition (migration 0010), $12 the
+// traceparent stored with a new record (migration 0014). The true before it
+// says this build knows compensation: it may take over a record whose undo
+// list a build from before migration 0012 must leave alone.
 var claimSQL = `
 SELECT ` + recordColumns + `, CASE WHEN id = $3 THEN 1 WHEN owner = $7 THEN 2
     WHEN coalesce(principal_hash, sha256(convert_to(tenant_id, 'UTF8'))) <> $10 THEN 4 ELSE 3 END, clock_timestamp()
-FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid, $8::bigint, $9::text, $10::bytea, $11::text, true) c`
+FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid, $8::bigint, $9::text, $10::bytea, $11::text, true, $12::text) c`
 
 // takeoverSQL takes over an expired lease whatever the fingerprint, for work
 // resumed from its stored request. The rule and what a takeover writes are

@@ -11,7 +11,7 @@ var mutants = []Mutant{
 	{
 		Name:   "claim-not-atomic",
 		Breaks: "a takeover's write does not check the rule again, so a claim that read the key absent takes over the concurrent first claim",
-		Edits: []Edit{{File: "migrations/sql/0012_compensation.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0014_history.up.sql",
 			Old: `    WHERE k.tenant_id = p_tenant AND k.key = p_key
       AND {schema}.onceflow_may_take_over(k, p_workflow, p_hash, p_principal, p_undo)`,
 			New: `    WHERE k.tenant_id = p_tenant AND k.key = p_key`}},
@@ -20,7 +20,7 @@ var mutants = []Mutant{
 	{
 		Name:   "lock-timeout-removed",
 		Breaks: "a duplicate's claim waits on the first claim's row lock for its whole first phase",
-		Edits: []Edit{{File: "migrations/sql/0012_compensation.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0014_history.up.sql",
 			Old: "    PERFORM set_config('lock_timeout', '10ms', true);\n", New: ""}},
 		Pkg: "./workflow", Run: "^TestDuplicateDoesNotWaitForTheFirstPhase$",
 	},
@@ -115,7 +115,7 @@ var mutants = []Mutant{
 	{
 		Name:   "tenant-dropped",
 		Breaks: "the claim reads a key's record whatever its tenant",
-		Edits: []Edit{{File: "migrations/sql/0012_compensation.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0014_history.up.sql",
 			Old: "WHERE k.tenant_id = p_tenant AND k.key = p_key;",
 			New: "WHERE k.key = p_key;"}},
 		Pkg: "./recovery", Run: "^TestTenantsAreIsolated$",
