@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"mime"
 	"net/http"
 	"strconv"
@@ -99,7 +100,13 @@ workflow definition that wrote it, its request, state and response. A parked
 key shows why it was parked, and the version an operator chose to resume it
 under (keys resume), if any. A deferred key (a step asked to come back
 later) shows the time before which nothing resumes it; keys release ends
-the deferral.`,
+the deferral.
+
+Below the record, show prints its history: the latest transitions (claimed,
+taken over, phase committed, released, deferred, renewed late, parked,
+compensating, undone, completed, failed, an operator's release, fail or
+resume), oldest first, each with its time by the database clock, the owner
+token of the attempt that made it, and the step and error it concerns.`,
 		Args: args(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			store, db, err := opts.store(cmd)
@@ -116,6 +123,7 @@ the deferral.`,
 				return err
 			}
 			out := toJSON(rec, versions)
+			out.TraceParent, out.History, out.HistoryTruncated = rec.TraceParent, rec.History, rec.HistoryTruncated
 			if asJSON {
 				return writeJSON(opts.stdout, out)
 			}
@@ -157,7 +165,13 @@ the deferral.`,
 				}
 				t.row("response", fmt.Sprintf("%d %s", out.Response.Status, body))
 			}
-			return t.flush()
+			if rec.TraceParent != "" {
+				t.row("trace parent", rec.TraceParent)
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			return writeHistory(opts.stdout, rec)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -191,7 +205,7 @@ resume.`,
 			return opts.onInFlight(cmd, recovery.Key{Tenant: a[0], ID: a[1]}, force, func(store *recovery.Store, rec *recovery.Record) error {
 				cause := "released by an operator: " + reason
 				if force && rec.Status == recovery.StatusInFlight {
-					return store.Release(cmd.Context(), rec.Fence(), cause)
+					return seam.StoreOf(store).ForceRelease(cmd.Context(), rec.Fence(), cause)
 				}
 				return seam.StoreOf(store).ReleaseLeaseOver(cmd.Context(), rec.Fence(), cause)
 			}, "released")
@@ -225,7 +239,7 @@ unless --force is given.`,
 				resp := workflow.Problem(http.StatusInternalServerError, "the operation was stopped and will not be retried")
 				cause := "failed by an operator: " + reason
 				if force && rec.Status == recovery.StatusInFlight {
-					return store.Fail(cmd.Context(), rec.Fence(), resp, cause)
+					return seam.StoreOf(store).ForceFail(cmd.Context(), rec.Fence(), resp, cause)
 				}
 				return seam.StoreOf(store).FailLeaseOver(cmd.Context(), rec.Fence(), resp, cause)
 			}, "failed")
@@ -319,6 +333,35 @@ type keyJSON struct {
 	CreatedAt     time.Time       `json:"created_at"`
 	UpdatedAt     time.Time       `json:"updated_at"`
 	CompletedAt   *time.Time      `json:"completed_at,omitempty"`
+	// TraceParent, History and HistoryTruncated are shown by keys show
+	// only.
+	TraceParent      string                `json:"trace_parent,omitempty"`
+	History          []recovery.Transition `json:"history,omitempty"`
+	HistoryTruncated int                   `json:"history_truncated,omitempty"`
+}
+
+// writeHistory prints r's history as a table, oldest first, after a line
+// that says how many older transitions were dropped, if any.
+func writeHistory(w io.Writer, r *recovery.Record) error {
+	fmt.Fprintln(w)
+	switch {
+	case len(r.History) == 0:
+		fmt.Fprintln(w, "history: none recorded")
+		return nil
+	case r.HistoryTruncated > 0:
+		fmt.Fprintf(w, "history: the latest %d transitions (%d older ones dropped)\n", len(r.History), r.HistoryTruncated)
+	default:
+		fmt.Fprintln(w, "history:")
+	}
+	t := newTable(w, "AT", "TRANSITION", "OWNER", "STEP", "DETAIL")
+	for _, tr := range r.History {
+		detail := tr.Error
+		if tr.Definition != "" {
+			detail = strings.TrimSpace("definition " + tr.Definition + " " + detail)
+		}
+		t.row(tr.At.Format(time.RFC3339Nano), string(tr.Kind), tr.Owner.String(), tr.Step, shorten(detail, 80))
+	}
+	return t.flush()
 }
 
 type responseJSON struct {
