@@ -525,4 +525,26 @@ var mutants = []Mutant{
 			Old: "    WHERE p.open_until <= excluded.refilled_at\n      AND ", New: "    WHERE "}},
 		Pkg: "./foreign", Run: "^TestPaceCircuitHoldsOtherKeysBack$",
 	},
+	{
+		Name:   "history-phase-unrecorded",
+		Breaks: "a committed phase leaves no entry in the record's history",
+		Edits: []Edit{{File: "recovery/sql.go",
+			Old: "    history = {schema}.onceflow_history(history, 'phase_committed', owner, $4),\n", New: ""}},
+		Pkg: "./workflow", Run: "^TestCommitBudget$",
+	},
+	{
+		Name:   "history-operator-unnamed",
+		Breaks: "an operator's forced fail is recorded as the attempt's own failure",
+		Edits: []Edit{{File: "recovery/transitions.go",
+			Old: "return s.fail(ctx, s.sql.finish, TransitionFailedByOperator, f, resp, cause)",
+			New: "return s.fail(ctx, s.sql.finish, TransitionFailed, f, resp, cause)"}},
+		Pkg: "./recovery", Run: "^TestHistoryNamesHowARecordFinished$",
+	},
+	{
+		Name:   "history-unbounded",
+		Breaks: "the history keeps every transition instead of the latest MaxHistory",
+		Edits: []Edit{{File: "migrations/sql/0014_history.up.sql",
+			Old: "jsonb_path_query_array(e, '$[last - 49 to last]')", New: "e"}},
+		Pkg: "./recovery", Run: "^TestHistoryKeepsTheLatestMaxHistory$",
+	},
 }
