@@ -52,6 +52,14 @@ func (e *engineStore) FailLeaseOver(ctx context.Context, f Fence, resp Response,
 	return e.store().failLeaseOver(ctx, f, resp, cause)
 }
 
+func (e *engineStore) ForceRelease(ctx context.Context, f Fence, cause string) error {
+	return e.store().forceRelease(ctx, f, cause)
+}
+
+func (e *engineStore) ForceFail(ctx context.Context, f Fence, resp Response, cause string) error {
+	return e.store().forceFail(ctx, f, resp, cause)
+}
+
 func (e *engineStore) Stored(resp Response) Response { return e.store().stored(resp) }
 
 func (e *engineStore) Takeover(ctx context.Context, k Key, workflow string) (*Record, Outcome, error) {
