@@ -78,3 +78,35 @@ func TestWorkflowJoinsTheRequestsTrace(t *testing.T) {
 	require.Equal(t, server.TraceID(), parent.TraceID())
 	require.Equal(t, server.SpanID(), parent.SpanID())
 }
+
+// Without an SDK (the engine's spans are no-ops), the record still stores
+// the trace context of the request that created it, as its traceparent
+// header named it: a later attempt of an instrumented process can link to
+// it.
+func TestWorkflowStoresTheCreatingRequestsTraceContext(t *testing.T) {
+	t.Parallel()
+	db := dbtest.NewPool(t, 4)
+	engine, err := workflow.NewEngine(db, workflow.Config{})
+	require.NoError(t, err)
+	wf := workflow.Define("note",
+		phase.Atomic("write", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Payment, Paid]) error { return nil }),
+	).Finish(func(s *Paid) workflow.Response { return workflow.JSON(http.StatusCreated, s) })
+	h, err := idemhttp.Workflow(engine, wf, idemhttp.WorkflowConfig{Tenant: trustedTenant})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	const traceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for i, header := range []string{traceParent, "00-11111111111111111111111111111111-2222222222222222-01"} {
+		req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"amount_cents":5}`))
+		require.NoError(t, err)
+		req.Header = http.Header{"Idempotency-Key": {"k1"}, "X-Tenant-Id": {"acme"}, "Content-Type": {"application/json"},
+			"Traceparent": {header}}
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, http.StatusCreated, resp.StatusCode, "request %d", i)
+	}
+	rec, err := engine.Store().Load(context.Background(), workflow.Key{Tenant: "acme", ID: "k1"})
+	require.NoError(t, err)
+	require.Equal(t, traceParent, rec.TraceParent, "the first request's, which created the record; the replay changed nothing")
+}

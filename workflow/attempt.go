@@ -108,13 +108,19 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, req 
 	}
 	params := recovery.ClaimParams{Key: key, Workflow: w.name, Fingerprint: fp, Request: canonical, Principal: opts.principal,
 		Definition: w.spec().Fingerprint}
-	a := &attempt[Req, State]{e: e, w: w, key: key,
-		claim: func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
-			return s.Claim(ctx, params)
-		},
-		pipelined: func(ctx context.Context, conn *pgxpool.Conn) (*recovery.Record, recovery.Outcome, error) {
-			return seam.StoreOf(e.store).BeginAndClaim(ctx, conn, beginSQL, params)
-		},
+	a := &attempt[Req, State]{e: e, w: w, key: key}
+	// A record the claim creates stores the attempt's trace context, which
+	// is known once the attempt's span has started.
+	traced := func() recovery.ClaimParams {
+		p := params
+		p.TraceParent = a.traceParent()
+		return p
+	}
+	a.claim = func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
+		return s.Claim(ctx, traced())
+	}
+	a.pipelined = func(ctx context.Context, conn *pgxpool.Conn) (*recovery.Record, recovery.Outcome, error) {
+		return seam.StoreOf(e.store).BeginAndClaim(ctx, conn, beginSQL, traced())
 	}
 	a.run.Request = req
 	return a.execute(ctx)

@@ -91,7 +91,7 @@ func (a *attempt[Req, State]) endClaim(span trace.Span, rec *recovery.Record, ou
 	}
 	tracing.End(span, failure(err))
 	if err == nil && outcome != recovery.OutcomeNew && a.span.IsRecording() {
-		if origin := tracing.Parse(createdBy(rec)); origin.IsValid() {
+		if origin := tracing.Parse(rec.TraceParent); origin.IsValid() {
 			a.span.AddLink(trace.Link{SpanContext: origin, Attributes: []attribute.KeyValue{tracing.LinkKind.String("created")}})
 		}
 	}
@@ -122,7 +122,3 @@ func (a *attempt[Req, State]) startCompensation(ctx context.Context, step string
 func (a *attempt[Req, State]) traceParent() string {
 	return tracing.TraceParent(a.span.SpanContext())
 }
-
-// createdBy is the traceparent rec stores: the span of the attempt that
-// created it.
-func createdBy(rec *recovery.Record) string { return "" }

@@ -224,4 +224,5 @@ func TestNoTraceByDefault(t *testing.T) {
 	_, err := w.checkout().Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, []string{""}, w.provider.TraceParents("charges"))
+	require.Empty(t, w.record(acme).TraceParent, "no trace context, none stored")
 }
