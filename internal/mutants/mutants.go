@@ -582,4 +582,19 @@ var mutants = []Mutant{
 			Old: "jsonb_path_query_array(e, '$[last - 49 to last]')", New: "e"}},
 		Pkg: "./recovery", Run: "^TestHistoryKeepsTheLatestMaxHistory$",
 	},
+	{
+		Name:   "trace-link-dropped",
+		Breaks: "a later attempt's span does not link to the span of the attempt that created the record",
+		Edits: []Edit{{File: "workflow/trace.go",
+			Old: "if origin := tracing.Parse(rec.TraceParent); origin.IsValid() {",
+			New: "if origin := tracing.Parse(rec.TraceParent); false && origin.IsValid() {"}},
+		Pkg: "./workflow", Run: "^TestTraceLinksEveryLaterAttemptToTheFirst$",
+	},
+	{
+		Name:   "traceparent-not-stored",
+		Breaks: "the claim that creates a record stores no trace context",
+		Edits: []Edit{{File: "workflow/attempt.go",
+			Old: "\t\tp.TraceParent = a.traceParent()\n", New: "\t\t_ = a.traceParent\n"}},
+		Pkg: "./idemhttp", Run: "^TestWorkflowStoresTheCreatingRequestsTraceContext$",
+	},
 }
