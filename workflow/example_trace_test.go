@@ -23,7 +23,7 @@ import (
 // (here the SDK's, with an in-memory exporter; in production, one that
 // exports to your collector). Each attempt gets a span in the caller's
 // trace, with a span for the claim, each step and each try of a foreign
-// call inside it.
+// call inside it; every later attempt at the key links to the first.
 func ExampleConfig_tracerProvider() {
 	ctx := context.Background()
 	db, err := pgxpool.New(ctx, os.Getenv("ONCEFLOW_DATABASE_URL"))
@@ -60,12 +60,16 @@ func ExampleConfig_tracerProvider() {
 	// An instrumented HTTP server (otelhttp) starts a span per request; the
 	// workflow handler of package idemhttp also reads an incoming
 	// traceparent.
-	ctx, request := provider.Tracer("app").Start(ctx, "POST /reserve")
 	key := workflow.Key{Tenant: "acme", ID: uuid.NewString()}
-	if _, err := reserve.Run(ctx, engine, key, CheckoutRequest{Customer: "cus_1", AmountCents: 500}); err != nil {
-		panic(err)
+	for _, name := range []string{"POST /reserve", "POST /reserve (the client retries)"} {
+		ctx, request := provider.Tracer("app").Start(ctx, name)
+		if _, err := reserve.Run(ctx, engine, key, CheckoutRequest{Customer: "cus_1", AmountCents: 500}); err != nil {
+			panic(err)
+		}
+		request.End()
 	}
-	request.End()
+	// The retry is replayed in a trace of its own; its attempt links to
+	// the attempt that created the record.
 	printTree(exporter.GetSpans())
 	// Output:
 	// POST /reserve
@@ -75,6 +79,9 @@ func ExampleConfig_tracerProvider() {
 	//     onceflow.step charge
 	//       onceflow.call charge try=1 error
 	//       onceflow.call charge try=2
+	// POST /reserve (the client retries)
+	//   onceflow.attempt reserve -> links to onceflow.attempt reserve in the trace of POST /reserve
+	//     onceflow.claim
 }
 
 // printTree prints spans as a tree, children in the order they started, with the try
@@ -99,9 +106,26 @@ func printTree(spans tracetest.SpanStubs) {
 			if s.Status.Code.String() == "Error" {
 				line += " error"
 			}
+			for _, l := range s.Links {
+				for _, o := range spans {
+					if o.SpanContext.SpanID() == l.SpanContext.SpanID() {
+						line += " -> links to " + o.Name + " in the trace of " + rootOf(spans, o).Name
+					}
+				}
+			}
 			fmt.Println(line)
 			walk(s.SpanContext.SpanID().String(), depth+1)
 		}
 	}
 	walk("0000000000000000", 0)
+}
+
+// rootOf is the span at the root of s's trace.
+func rootOf(spans tracetest.SpanStubs, s tracetest.SpanStub) tracetest.SpanStub {
+	for _, o := range spans {
+		if o.SpanContext.SpanID() == s.Parent.SpanID() {
+			return rootOf(spans, o)
+		}
+	}
+	return s
 }
