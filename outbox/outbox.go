@@ -211,6 +211,9 @@ type Record struct {
 type Filter struct {
 	Status Status
 	Topic  string
+	// After continues a listing: only messages with a larger id. 0 starts
+	// at the beginning.
+	After int64
 	// Limit caps the result; 0 means 100.
 	Limit int
 }
@@ -221,7 +224,7 @@ func (o *Outbox) List(ctx context.Context, db DBTX, f Filter) ([]Record, error) 
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := db.Query(ctx, o.sql.list, string(f.Status), f.Topic, limit)
+	rows, err := db.Query(ctx, o.sql.list, string(f.Status), f.Topic, limit, f.After)
 	if err != nil {
 		return nil, fmt.Errorf("list outbox: %w", err)
 	}

@@ -56,7 +56,7 @@ WHERE ` + taken
 WHERE ` + taken
 
 	listSQL = `SELECT ` + recordColumns + ` FROM {outbox}
-WHERE ($1 = '' OR status = $1) AND ($2 = '' OR topic = $2)
+WHERE ($1 = '' OR status = $1) AND ($2 = '' OR topic = $2) AND id > $4
 ORDER BY id LIMIT $3`
 
 	// retrySQL revives a dead message, or one waiting out a backoff; never

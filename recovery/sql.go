@@ -178,12 +178,19 @@ RETURNING status = 'compensated'`
 	deleteUnstartedSQL = `DELETE FROM {keys} WHERE ` + fence + ` AND recovery_point IS NULL`
 
 	// listSQL filters records for operators: $1 tenant, $2 status, $3
-	// microseconds without progress (in flight only), $4 limit; empty or 0
-	// matches all.
+	// microseconds without progress (in flight only), $4 limit, $5
+	// workflow, $6 compensating only, $7-$8 created from and before, $9-$11
+	// the position to list after (updated_at, tenant, key); empty, 0, false
+	// or NULL matches all. {after} and {order} make the listing oldest or
+	// newest first (listOrder).
 	listSQL = `SELECT ` + recordColumns + ` FROM {keys}
 WHERE ($1 = '' OR tenant_id = $1) AND ($2 = '' OR status = $2)
   AND ($3::bigint = 0 OR (status = 'in_flight' AND updated_at < clock_timestamp() - $3::bigint * interval '1 microsecond'))
-ORDER BY updated_at
+  AND ($5 = '' OR workflow = $5)
+  AND (NOT $6::bool OR (status = 'in_flight' AND cardinality(undo) > 0))
+  AND ($7::timestamptz IS NULL OR created_at >= $7) AND ($8::timestamptz IS NULL OR created_at < $8)
+  AND ($9::timestamptz IS NULL OR (updated_at, tenant_id, key) {after} ($9::timestamptz, $10::text, $11::text))
+ORDER BY updated_at {order}, tenant_id {order}, key {order}
 LIMIT $4`
 
 	// expireSQL ends a lease now, as if its holder had stopped renewing it.
@@ -195,11 +202,11 @@ WHERE tenant_id = $1 AND key = $2 AND status = 'in_flight'`
 
 // queries holds the statements with the schema filled in.
 type queries struct {
-	claim, takeover, load, list, advance, finish, release, handBack, renew, deleteUnstarted, expire string
-	advanceOrFail, finishOrFail                                                                     string
-	releaseLeaseOver, finishLeaseOver, handBackFor                                                  string
-	park, restamp, unpark, saveDefinition, definitions                                              string
-	compensate, undone                                                                              string
+	claim, takeover, load, list, listNewest, advance, finish, release, handBack, renew, deleteUnstarted, expire string
+	advanceOrFail, finishOrFail                                                                                 string
+	releaseLeaseOver, finishLeaseOver, handBackFor                                                              string
+	park, restamp, unpark, saveDefinition, definitions                                                          string
+	compensate, undone                                                                                          string
 }
 
 func newQueries(schema string) *queries {
@@ -211,7 +218,8 @@ func newQueries(schema string) *queries {
 		takeover:        expand(takeoverSQL),
 		expire:          expand(expireSQL),
 		load:            expand(loadSQL),
-		list:            expand(listSQL),
+		list:            expand(listOrder(listSQL, false)),
+		listNewest:      expand(listOrder(listSQL, true)),
 		advance:         expand(advanceSQL),
 		advanceOrFail:   expand(orFail(advanceSQL)),
 		finishOrFail:    expand(orFail(finishSQL)),
@@ -233,4 +241,13 @@ func newQueries(schema string) *queries {
 		compensate:     expand(compensateSQL),
 		undone:         expand(undoneSQL),
 	}
+}
+
+// listOrder fills listSQL's order: oldest first, or newest first.
+func listOrder(sql string, newest bool) string {
+	after, order := ">", "ASC"
+	if newest {
+		after, order = "<", "DESC"
+	}
+	return strings.NewReplacer("{after}", after, "{order}", order).Replace(sql)
 }
