@@ -49,11 +49,11 @@ var failedResponse = workflow.Problem(http.StatusInternalServerError, "the opera
 // flight, and is parked again unless a definition the running processes
 // register may resume it. It returns the record as it is afterwards.
 func (a *Admin) Release(ctx context.Context, key recovery.Key, act Action) (*Record, error) {
-	return a.act(ctx, "release", key, act, func(rec *recovery.Record, forced bool) error {
+	return a.act(ctx, "release", key, act, func(f recovery.Fence, forced bool) error {
 		if forced {
-			return a.store.Release(ctx, rec.Fence(), act.reason("released"))
+			return a.store.Release(ctx, f, act.reason("released"))
 		}
-		return a.ops.ReleaseLeaseOver(ctx, rec.Fence(), act.reason("released"))
+		return a.ops.ReleaseLeaseOver(ctx, f, act.reason("released"))
 	})
 }
 
@@ -62,11 +62,11 @@ func (a *Admin) Release(ctx context.Context, key recovery.Key, act Action) (*Rec
 // committed: Fail undoes nothing. It returns the record as it is
 // afterwards.
 func (a *Admin) Fail(ctx context.Context, key recovery.Key, act Action) (*Record, error) {
-	return a.act(ctx, "fail", key, act, func(rec *recovery.Record, forced bool) error {
+	return a.act(ctx, "fail", key, act, func(f recovery.Fence, forced bool) error {
 		if forced {
-			return a.store.Fail(ctx, rec.Fence(), failedResponse, act.reason("failed"))
+			return a.store.Fail(ctx, f, failedResponse, act.reason("failed"))
 		}
-		return a.ops.FailLeaseOver(ctx, rec.Fence(), failedResponse, act.reason("failed"))
+		return a.ops.FailLeaseOver(ctx, f, failedResponse, act.reason("failed"))
 	})
 }
 
@@ -78,13 +78,11 @@ func (a *Admin) Fail(ctx context.Context, key recovery.Key, act Action) (*Record
 // as after any attempt, and so does another process taking the record
 // first.
 func (a *Admin) ResumeNow(ctx context.Context, key recovery.Key, act Action) (*Record, error) {
-	var rec *recovery.Record
-	_, err := a.act(ctx, "resume", key, act, func(r *recovery.Record, forced bool) error {
-		rec = r
+	rec, err := a.act(ctx, "resume", key, act, func(f recovery.Fence, forced bool) error {
 		if forced {
-			return a.store.Release(ctx, r.Fence(), act.reason("resumed"))
+			return a.store.Release(ctx, f, act.reason("resumed"))
 		}
-		return a.ops.ReleaseLeaseOver(ctx, r.Fence(), act.reason("resumed"))
+		return a.ops.ReleaseLeaseOver(ctx, f, act.reason("resumed"))
 	})
 	if err != nil {
 		return nil, err
@@ -98,13 +96,14 @@ func (a *Admin) ResumeNow(ctx context.Context, key recovery.Key, act Action) (*R
 }
 
 // act loads key, checks the operator's owner token and applies write,
-// fenced by it. write's forced is true when the action is forced on a
+// fenced by that token (not by the one loaded here: the statement that
+// writes is the check). write's forced is true when the action is forced on a
 // record in flight: it may then write whatever the lease; otherwise it
 // writes only if the lease is over (or the record parked), checked in its
 // statement. A write that matches nothing is explained by loading the
 // record again.
 func (a *Admin) act(ctx context.Context, verb string, key recovery.Key, act Action,
-	write func(rec *recovery.Record, forced bool) error) (*Record, error) {
+	write func(f recovery.Fence, forced bool) error) (*Record, error) {
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
@@ -118,7 +117,7 @@ func (a *Admin) act(ctx context.Context, verb string, key recovery.Key, act Acti
 	if err := refuse(rec, act.Owner); err != nil {
 		return nil, err
 	}
-	err = write(rec, act.Force && rec.Status == recovery.StatusInFlight)
+	err = write(recovery.Fence{Key: key, Owner: act.Owner}, act.Force && rec.Status == recovery.StatusInFlight)
 	if errors.Is(err, recovery.ErrLeaseLost) {
 		return nil, a.explain(ctx, key, act.Owner)
 	}

@@ -19,13 +19,13 @@ const (
 
 // Bulk asks for one action on every record a filter matches.
 type Bulk struct {
-	Action Kind `json:"action"`
+	Action Kind
 	// Filter selects the records, in its order from its Cursor; its Limit
 	// is ignored: a bulk action takes at most Config.MaxBulk records.
-	Filter Filter `json:"filter"`
+	Filter Filter
 	// Force and Reason are as in Action.
-	Force  bool   `json:"force,omitempty"`
-	Reason string `json:"reason,omitempty"`
+	Force  bool
+	Reason string
 }
 
 // Report says what a bulk action did.
@@ -62,6 +62,9 @@ func (a *Admin) Bulk(ctx context.Context, b Bulk) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if b.Filter.empty() {
+		return nil, fmt.Errorf("%w: a bulk action needs a filter (a status, at least): an empty one would take every record", ErrInvalidInput)
+	}
 	recs, more, err := a.match(ctx, b.Filter)
 	if err != nil {
 		return nil, err
@@ -76,6 +79,11 @@ func (a *Admin) Bulk(ctx context.Context, b Bulk) (*Report, error) {
 		}
 	}
 	return rep, nil
+}
+
+// empty reports a filter that matches every record.
+func (f Filter) empty() bool {
+	return f.Tenant == "" && f.Workflow == "" && f.Status == "" && f.StuckFor == 0 && f.CreatedFrom.IsZero() && f.CreatedTo.IsZero()
 }
 
 // add counts one item's outcome.

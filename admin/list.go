@@ -25,26 +25,26 @@ const LimitMax = 1000
 
 // Filter selects records. Zero fields match everything.
 type Filter struct {
-	Tenant   string `json:"tenant,omitempty"`
-	Workflow string `json:"workflow,omitempty"`
+	Tenant   string
+	Workflow string
 	// Status is in_flight (compensating ones included), parked, failed,
 	// compensated, completed, or StatusCompensating.
-	Status recovery.Status `json:"status,omitempty"`
+	Status recovery.Status
 	// StuckFor selects records in flight that made no progress (no claim,
 	// commit or release) for longer than this.
-	StuckFor time.Duration `json:"stuck_for,omitempty"`
+	StuckFor time.Duration
 	// CreatedFrom and CreatedTo select records created at or after
 	// CreatedFrom and before CreatedTo; a zero time leaves that end open.
-	CreatedFrom time.Time `json:"created_from,omitzero"`
-	CreatedTo   time.Time `json:"created_to,omitzero"`
+	CreatedFrom time.Time
+	CreatedTo   time.Time
 	// Newest lists the most recently updated first (recent work); the
 	// default is the least recently updated first (stuck work).
-	Newest bool `json:"newest,omitempty"`
+	Newest bool
 	// Limit is the page size: 0 means LimitDefault; at most LimitMax.
-	Limit int `json:"limit,omitempty"`
+	Limit int
 	// Cursor continues a listing: a Page's Next. "" starts at the
 	// beginning. A cursor belongs to the filter it was made with.
-	Cursor string `json:"cursor,omitempty"`
+	Cursor string
 }
 
 // Page is one page of a listing.
@@ -130,17 +130,13 @@ func (a *Admin) Show(ctx context.Context, key recovery.Key) (*Detail, error) {
 	if err != nil {
 		return nil, err
 	}
-	versions := map[string]string{}
+	var defs []recovery.StoredDefinition
 	if rec.Definition != "" || rec.ResumeAs != "" {
-		defs, err := a.store.Definitions(ctx, rec.Workflow, "")
-		if err != nil {
+		if defs, err = a.store.Definitions(ctx, rec.Workflow, ""); err != nil {
 			return nil, err
 		}
-		for _, d := range defs {
-			versions[d.Fingerprint] = d.Version
-		}
 	}
-	return detail(rec, versions), nil
+	return Describe(rec, defs), nil
 }
 
 // cursor is a listing position as a Page's Next carries it.
@@ -169,12 +165,12 @@ func decodeCursor(s string) (*recovery.ListPosition, error) {
 
 // DeadFilter selects dead outbox messages. Zero fields match everything.
 type DeadFilter struct {
-	Topic string `json:"topic,omitempty"`
+	Topic string
 	// After continues a listing: a DeadPage's Next. 0 starts at the
 	// beginning.
-	After int64 `json:"after,omitempty"`
+	After int64
 	// Limit is the page size: 0 means LimitDefault; at most LimitMax.
-	Limit int `json:"limit,omitempty"`
+	Limit int
 }
 
 // DeadPage is one page of dead outbox messages, oldest first.

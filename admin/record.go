@@ -73,6 +73,19 @@ type Definition struct {
 	Version     string `json:"version,omitempty"`
 }
 
+// String is "VERSION (fingerprint FP)"; "none" for a record that names no
+// definition (a middleware key, or one made before migration 0010).
+func (d *Definition) String() string {
+	switch {
+	case d == nil:
+		return "none"
+	case d.Version == "":
+		return "unknown version (fingerprint " + d.Fingerprint + ", not stored)"
+	default:
+		return d.Version + " (fingerprint " + d.Fingerprint + ")"
+	}
+}
+
 // Response is a stored response.
 type Response struct {
 	Status int                 `json:"status"`
@@ -96,15 +109,23 @@ func summary(rec *recovery.Record) Record {
 	return r
 }
 
-// detail is rec in full, its definitions' versions looked up in versions
-// (by fingerprint).
-func detail(rec *recovery.Record, versions map[string]string) *Detail {
+// Describe returns rec in full, as Show does, naming its definitions by
+// the versions defs store (recovery.Store.Definitions; a definition not
+// among them is named by its fingerprint only). The onceflow command's
+// keys show --json prints the same.
+func Describe(rec *recovery.Record, defs []recovery.StoredDefinition) *Detail {
 	d := &Detail{Record: summary(rec), ID: rec.ID.String(), Undo: rec.Undo, Request: rec.Request, State: rec.State}
 	definition := func(fingerprint string) *Definition {
 		if fingerprint == "" {
 			return nil
 		}
-		return &Definition{Fingerprint: fingerprint, Version: versions[fingerprint]}
+		def := &Definition{Fingerprint: fingerprint}
+		for _, sd := range defs {
+			if sd.Workflow == rec.Workflow && sd.Fingerprint == fingerprint {
+				def.Version = sd.Version
+			}
+		}
+		return def
 	}
 	d.Definition, d.ResumeAs = definition(rec.Definition), definition(rec.ResumeAs)
 	if rec.Response != nil {

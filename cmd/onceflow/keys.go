@@ -1,12 +1,8 @@
 package main
 
 import (
-	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -16,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/onceflow/onceflow/admin"
 	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
@@ -63,13 +60,13 @@ func newKeysList(opts *options) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				versions, err := definitionVersions(cmd.Context(), store, "")
+				defs, err := store.Definitions(cmd.Context(), "", "")
 				if err != nil {
 					return err
 				}
-				out := make([]keyJSON, len(recs))
+				out := make([]*admin.Detail, len(recs))
 				for i, r := range recs {
-					out[i] = toJSON(r, versions)
+					out[i] = admin.Describe(r, defs)
 				}
 				return writeJSON(opts.stdout, out)
 			}
@@ -111,11 +108,11 @@ the deferral.`,
 			if err != nil {
 				return err
 			}
-			versions, err := definitionVersions(cmd.Context(), store, rec.Workflow)
+			defs, err := store.Definitions(cmd.Context(), rec.Workflow, "")
 			if err != nil {
 				return err
 			}
-			out := toJSON(rec, versions)
+			out := admin.Describe(rec, defs)
 			if asJSON {
 				return writeJSON(opts.stdout, out)
 			}
@@ -124,7 +121,7 @@ the deferral.`,
 			t.row("key", out.Key)
 			t.row("id", out.ID)
 			t.row("workflow", out.Workflow)
-			t.row("status", out.Status)
+			t.row("status", string(out.Status))
 			t.row("recovery point", out.RecoveryPoint)
 			t.row("definition", out.Definition.String())
 			if out.ResumeAs != nil {
@@ -295,124 +292,6 @@ func (o *options) store(cmd *cobra.Command) (*recovery.Store, *pgxpool.Pool, err
 		return nil, nil, err
 	}
 	return store, db, nil
-}
-
-// keyJSON is a record as the --json output shows it.
-type keyJSON struct {
-	Tenant        string          `json:"tenant"`
-	Key           string          `json:"key"`
-	ID            string          `json:"id"`
-	Workflow      string          `json:"workflow"`
-	Status        string          `json:"status"`
-	RecoveryPoint string          `json:"recovery_point,omitempty"`
-	Definition    *definitionJSON `json:"definition,omitempty"`
-	ResumeAs      *definitionJSON `json:"resume_as,omitempty"`
-	Attempts      int             `json:"attempts"`
-	LastError     string          `json:"last_error,omitempty"`
-	LockedUntil   *time.Time      `json:"locked_until,omitempty"`
-	Released      bool            `json:"released,omitempty"`
-	NotBefore     *time.Time      `json:"not_before,omitempty"`
-	Undo          []string        `json:"undo,omitempty"`
-	Request       json.RawMessage `json:"request,omitempty"`
-	State         json.RawMessage `json:"state,omitempty"`
-	Response      *responseJSON   `json:"response,omitempty"`
-	CreatedAt     time.Time       `json:"created_at"`
-	UpdatedAt     time.Time       `json:"updated_at"`
-	CompletedAt   *time.Time      `json:"completed_at,omitempty"`
-}
-
-type responseJSON struct {
-	Status int                 `json:"status"`
-	Header map[string][]string `json:"header,omitempty"`
-	// Body is the body itself when the response is JSON (its
-	// Content-Type says so and it is valid), else the body as a string.
-	Body       json.RawMessage `json:"body,omitempty"`
-	BodyBase64 string          `json:"body_base64,omitempty"` // for bodies that are not UTF-8
-}
-
-// definitionJSON names a workflow definition: its fingerprint, and its
-// version when the definition is stored.
-type definitionJSON struct {
-	Fingerprint string `json:"fingerprint"`
-	Version     string `json:"version,omitempty"`
-}
-
-// String is "VERSION (fingerprint FP)"; "none" for a record that names no
-// definition (a middleware key, or one made before migration 0010).
-func (d *definitionJSON) String() string {
-	switch {
-	case d == nil:
-		return "none"
-	case d.Version == "":
-		return "unknown version (fingerprint " + d.Fingerprint + ", not stored)"
-	default:
-		return d.Version + " (fingerprint " + d.Fingerprint + ")"
-	}
-}
-
-// definitionVersions maps each stored definition of workflow ("" for
-// every workflow), by workflow and fingerprint (versionKey), to its
-// version.
-func definitionVersions(ctx context.Context, store *recovery.Store, workflow string) (map[string]string, error) {
-	defs, err := store.Definitions(ctx, workflow, "")
-	if err != nil {
-		return nil, err
-	}
-	versions := make(map[string]string, len(defs))
-	for _, d := range defs {
-		versions[versionKey(d.Workflow, d.Fingerprint)] = d.Version
-	}
-	return versions, nil
-}
-
-func versionKey(workflow, fingerprint string) string { return workflow + "\x00" + fingerprint }
-
-// toJSON is r as the --json output shows it, its definitions' versions
-// looked up in versions (definitionVersions).
-func toJSON(r *recovery.Record, versions map[string]string) keyJSON {
-	out := keyJSON{
-		Tenant: r.Key.Tenant, Key: r.Key.ID, ID: r.ID.String(), Workflow: r.Workflow, Status: string(r.Status),
-		RecoveryPoint: r.RecoveryPoint, Attempts: r.Attempts, LastError: r.LastError, Released: r.Released,
-		Request: r.Request, State: r.State, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
-	}
-	definition := func(fingerprint string) *definitionJSON {
-		if fingerprint == "" {
-			return nil
-		}
-		return &definitionJSON{Fingerprint: fingerprint, Version: versions[versionKey(r.Workflow, fingerprint)]}
-	}
-	out.Definition, out.ResumeAs = definition(r.Definition), definition(r.ResumeAs)
-	if !r.LockedUntil.IsZero() {
-		out.LockedUntil = &r.LockedUntil
-	}
-	if !r.NotBefore.IsZero() {
-		out.NotBefore = &r.NotBefore
-	}
-	out.Undo = r.Undo
-	if !r.CompletedAt.IsZero() {
-		out.CompletedAt = &r.CompletedAt
-	}
-	if r.Response != nil {
-		resp := &responseJSON{Status: r.Response.Status, Header: r.Response.Header}
-		switch {
-		case isJSON(r.Response.Header) && json.Valid(r.Response.Body):
-			resp.Body = r.Response.Body
-		case utf8.Valid(r.Response.Body):
-			resp.Body, _ = json.Marshal(string(r.Response.Body)) // a string cannot fail to encode
-		default:
-			resp.BodyBase64 = base64.StdEncoding.EncodeToString(r.Response.Body)
-		}
-		out.Response = resp
-	}
-	return out
-}
-
-// isJSON reports a Content-Type of JSON: application/json, or a
-// +json type such as application/problem+json.
-func isJSON(h map[string][]string) bool {
-	ct := http.Header(h).Get("Content-Type")
-	media, _, err := mime.ParseMediaType(ct)
-	return err == nil && (media == "application/json" || strings.HasSuffix(media, "+json"))
 }
 
 func lease(r *recovery.Record) string {

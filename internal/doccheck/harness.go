@@ -93,7 +93,7 @@ const stmtsFunc = `func fragment(t *testing.T, ctx context.Context, pool *pgxpoo
 
 // importPaths are the packages a generated file may use, by name.
 var importPaths = map[string]string{
-	"bytes": "bytes", "context": "context", "errors": "errors", "fmt": "fmt", "http": "net/http", "io": "io",
+	"admin": "github.com/onceflow/onceflow/admin", "bytes": "bytes", "context": "context", "errors": "errors", "fmt": "fmt", "http": "net/http", "io": "io",
 	"json": "encoding/json", "slog": "log/slog", "testing": "testing", "time": "time",
 	"pgx": "github.com/jackc/pgx/v5", "pgxpool": "github.com/jackc/pgx/v5/pgxpool",
 	"crashtest": "github.com/onceflow/onceflow/crashtest", "foreign": "github.com/onceflow/onceflow/foreign",

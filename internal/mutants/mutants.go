@@ -525,4 +525,25 @@ var mutants = []Mutant{
 			Old: "    WHERE p.open_until <= excluded.refilled_at\n      AND ", New: "    WHERE "}},
 		Pkg: "./foreign", Run: "^TestPaceCircuitHoldsOtherKeysBack$",
 	},
+	{
+		Name:   "admin-fenced-by-loaded-owner",
+		Breaks: "an admin action writes with the owner token it loaded, not the one the operator read, so it acts on a record that changed hands since",
+		Edits: []Edit{
+			{File: "admin/actions.go", Old: "write(recovery.Fence{Key: key, Owner: act.Owner},", New: "write(rec.Fence(),"},
+			{File: "admin/actions.go", Old: "\tcase rec.Owner != owner:\n", New: "\tcase false:\n"},
+		},
+		Pkg: "./admin", Run: "^TestReleaseIsFencedByTheOwnerRead$",
+	},
+	{
+		Name:   "admin-read-role-acts",
+		Breaks: "the admin handler lets the read-only role release, fail and resume records",
+		Edits:  []Edit{{File: "admin/http.go", Old: "\t\tcase !safe && role < RoleWrite:", New: "\t\tcase false:"}},
+		Pkg:    "./admin", Run: "^TestHTTPRoles$",
+	},
+	{
+		Name:   "admin-cross-origin-unchecked",
+		Breaks: "the admin handler acts on a request another origin's page made an operator's browser send",
+		Edits:  []Edit{{File: "admin/http.go", Old: "if err := csrf.Check(r); err != nil {", New: "if err := csrf.Check(r); false && err != nil {"}},
+		Pkg:    "./admin", Run: "^TestHTTPRefusesCrossOriginActions$",
+	},
 }
