@@ -41,6 +41,11 @@ const ChromiumEnv = "ONCEFLOW_CHROMIUM"
 // it.
 const TimeoutDefault = 2 * time.Minute
 
+// StepTimeoutDefault bounds each step of Tab's helpers (Do, Text, Count,
+// Screenshot): a page that never shows what a test waits for fails the test
+// in this time, not at the end of the tab's life.
+const StepTimeoutDefault = 30 * time.Second
+
 // Width and Height are the size of the browser's window, and so of a
 // screenshot of the viewport.
 const (
@@ -55,6 +60,9 @@ type Options struct {
 	Header map[string]string
 	// Timeout bounds the tab's life. 0 means TimeoutDefault.
 	Timeout time.Duration
+	// StepTimeout bounds each call of the Tab's helpers. 0 means
+	// StepTimeoutDefault.
+	StepTimeout time.Duration
 }
 
 // Tab is one tab of a headless Chromium, with what went wrong in it.
@@ -62,6 +70,7 @@ type Tab struct {
 	// Ctx runs chromedp actions in the tab: chromedp.Do(tab.Ctx, ...).
 	Ctx context.Context
 
+	step     time.Duration
 	mu       sync.Mutex
 	problems []string
 	expected []string
@@ -104,7 +113,7 @@ func New(t testing.TB, opts Options) *Tab {
 		chromedp.DisableGPU,
 	)
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, allocOpts...)
-	tab := &Tab{}
+	tab := &Tab{step: cmp.Or(opts.StepTimeout, StepTimeoutDefault)}
 	tabCtx, cancelTab := chromedp.NewContext(allocCtx, chromedp.WithListener(tab.watch))
 	t.Cleanup(func() {
 		cancelTab()
@@ -207,7 +216,9 @@ func (tab *Tab) check(t testing.TB) {
 // Do runs actions in the tab and fails t at the first error.
 func (tab *Tab) Do(t testing.TB, actions ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
-	if err := chromedp.Do(tab.Ctx, actions...); err != nil {
+	ctx, cancel := context.WithTimeout(tab.Ctx, tab.step)
+	defer cancel()
+	if err := chromedp.Do(ctx, actions...); err != nil {
 		t.Fatalf("browser: %v (problems so far: %q)", err, tab.Problems())
 	}
 }
@@ -215,7 +226,9 @@ func (tab *Tab) Do(t testing.TB, actions ...chromedp.Action[chromedp.Void]) {
 // Text returns the visible text of the first element sel matches.
 func (tab *Tab) Text(t testing.TB, sel string) string {
 	t.Helper()
-	text, err := chromedp.Run(tab.Ctx, chromedp.Text(chromedp.CSS(sel)))
+	ctx, cancel := context.WithTimeout(tab.Ctx, tab.step)
+	defer cancel()
+	text, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
 	if err != nil {
 		t.Fatalf("browser: text of %s: %v", sel, err)
 	}
@@ -225,7 +238,9 @@ func (tab *Tab) Text(t testing.TB, sel string) string {
 // Count returns how many elements sel matches now, without waiting.
 func (tab *Tab) Count(t testing.TB, sel string) int {
 	t.Helper()
-	n, err := chromedp.Run(tab.Ctx, chromedp.Evaluate[int](fmt.Sprintf("document.querySelectorAll(%q).length", sel)))
+	ctx, cancel := context.WithTimeout(tab.Ctx, tab.step)
+	defer cancel()
+	n, err := chromedp.Run(ctx, chromedp.Evaluate[int](fmt.Sprintf("document.querySelectorAll(%q).length", sel)))
 	if err != nil {
 		t.Fatalf("browser: count %s: %v", sel, err)
 	}
@@ -235,7 +250,9 @@ func (tab *Tab) Count(t testing.TB, sel string) int {
 // Screenshot returns a PNG of the tab's viewport.
 func (tab *Tab) Screenshot(t testing.TB) []byte {
 	t.Helper()
-	png, err := chromedp.Run(tab.Ctx, chromedp.CaptureScreenshot())
+	ctx, cancel := context.WithTimeout(tab.Ctx, tab.step)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
 	if err != nil {
 		t.Fatalf("browser: screenshot: %v", err)
 	}
