@@ -149,6 +149,7 @@ func (a *Admin) pageError(w http.ResponseWriter, r *http.Request, err error) {
 // keysPage is the data of the listing.
 type keysPage struct {
 	Query    url.Values // the filter as the form shows it
+	Newest   bool       // the order the listing is in
 	Statuses []recovery.Status
 	Records  []Record
 	Next     string // the query of the next page; "" on the last
@@ -176,6 +177,9 @@ func consoleFilter(q url.Values) url.Values {
 
 func (a *Admin) pageKeys(w http.ResponseWriter, r *http.Request) {
 	q := consoleFilter(r.URL.Query())
+	if !q.Has("newest") && !q.Has("stuck_for") {
+		q.Set("newest", "true") // recent work first, unless looking for stuck work
+	}
 	f, err := parseFilter(q, true)
 	if err != nil {
 		a.pageError(w, r, err)
@@ -186,7 +190,7 @@ func (a *Admin) pageKeys(w http.ResponseWriter, r *http.Request) {
 		a.pageError(w, r, err)
 		return
 	}
-	data := keysPage{Query: r.URL.Query(), Records: list.Records, Statuses: []recovery.Status{
+	data := keysPage{Query: r.URL.Query(), Newest: f.Newest, Records: list.Records, Statuses: []recovery.Status{
 		recovery.StatusInFlight, StatusCompensating, recovery.StatusParked, recovery.StatusFailed,
 		recovery.StatusCompensated, recovery.StatusCompleted,
 	}}

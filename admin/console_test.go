@@ -74,7 +74,7 @@ func TestConsoleListDetailRelease(t *testing.T) {
 	tab := browser(t, "console-writer")
 
 	// The stuck keys: the completed one is not listed.
-	tab.Do(t, chromedp.Navigate(base+"?status=in_flight&stuck_for=1ns"), chromedp.WaitVisible(css("#records")))
+	tab.Do(t, chromedp.Navigate(base+"?status=in_flight&stuck_for=1ms"), chromedp.WaitVisible(css("#records")))
 	require.Equal(t, 1, tab.Count(t, "#records tbody tr"))
 	require.Equal(t, "order/42?x=1", tab.Text(t, "#records a.key"))
 
@@ -189,7 +189,7 @@ func TestConsoleScreenshots(t *testing.T) {
 
 	pages := []struct{ name, path, visible string }{
 		{"console.png", "", "#records"},
-		{"console-stuck.png", "?status=in_flight&stuck_for=1ns", "#records"},
+		{"console-stuck.png", "?status=in_flight&stuck_for=1ms", "#records"},
 		{"console-key.png", "keys/acme/order-1042", "#timeline"},
 		{"console-outbox.png", "outbox", "#messages"},
 	}
@@ -236,11 +236,12 @@ func outboxOf(t *testing.T) *outbox.Outbox {
 // keep them from being framed.
 //
 // Mutations caught: the Content-Security-Policy or X-Frame-Options header
-// dropped; an unknown key rendered as 200; the console's filter passing
+// dropped; the listing not defaulting to recent work first; an unknown key rendered as 200; the console's filter passing
 // the form's empty fields on (a filter with an empty created_from is 400).
 func TestConsolePages(t *testing.T) {
 	b := setup(t, admin.Config{})
 	b.stuck(t, key("acme", "order-1"), "checkout")
+	b.completed(t, key("acme", "order-2"), "checkout")
 	base := consoleServer(t, b)
 	get := func(path, token string) (*http.Response, string) {
 		req, err := http.NewRequest(http.MethodGet, base+path, nil)
@@ -257,13 +258,19 @@ func TestConsolePages(t *testing.T) {
 		return resp, body.String()
 	}
 
-	resp, body := get("?tenant=&workflow=&status=&stuck_for=&created_from=&created_to=&newest=true", "console-reader")
+	resp, body := get("?tenant=&workflow=&status=&stuck_for=&created_from=&created_to=", "console-reader")
 	require.Equal(t, 200, resp.StatusCode, body)
 	require.Contains(t, resp.Header.Get("Content-Security-Policy"), "frame-ancestors 'none'")
 	require.Contains(t, resp.Header.Get("Content-Security-Policy"), "script-src 'self'")
 	require.Equal(t, "DENY", resp.Header.Get("X-Frame-Options"))
 	require.Contains(t, body, `<base href="/ops/">`)
+	require.Less(t, strings.Index(body, "order-2"), strings.Index(body, "order-1"), "recent work first")
+	_, body = get("?stuck_for=1ms", "console-reader")
+	require.NotContains(t, body, "order-2")
 	require.Contains(t, body, "order-1")
+	_, body = get("?newest=false", "console-reader")
+	require.Less(t, strings.Index(body, "order-1"), strings.Index(body, "order-2"), "the order asked for")
+	require.Contains(t, body, `<option value="false" selected>`, "the form shows the order the list is in")
 
 	resp, body = get("?created_from=2026-12-01T10:00", "console-reader")
 	require.Equal(t, 200, resp.StatusCode, "a datetime-local value is a filter: %s", body)
