@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -176,7 +175,3 @@ func (a *Admin) RetryDead(ctx context.Context, id int64) error {
 	a.logger.InfoContext(ctx, "admin: retry outbox message", "id", id)
 	return nil
 }
-
-// ErrMessageNotFound reports a message RetryDead cannot retry: unknown,
-// delivered, or being delivered. It is outbox.ErrNotFound.
-var ErrMessageNotFound = outbox.ErrNotFound

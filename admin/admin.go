@@ -45,6 +45,10 @@ func (r Role) String() string {
 	}
 }
 
+// MarshalText encodes the role as its name (String), as the API's
+// GET /api/role answers it.
+func (r Role) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
 // Config configures an Admin.
 type Config struct {
 	// Schema holds onceflow's tables; use the schema the migrations ran

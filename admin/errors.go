@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/recovery"
 )
 
@@ -16,6 +17,10 @@ var (
 
 	// ErrNotFound reports an unknown key. It is recovery.ErrNotFound.
 	ErrNotFound = recovery.ErrNotFound
+
+	// ErrMessageNotFound reports a message RetryDead cannot retry:
+	// unknown, delivered, or being delivered. It is outbox.ErrNotFound.
+	ErrMessageNotFound = outbox.ErrNotFound
 
 	// ErrChanged reports an action refused because the record is no longer
 	// as the operator read it: another owner token holds it (a takeover, a

@@ -50,7 +50,7 @@ func Example() {
 	srv := httptest.NewServer(mux) // http.ListenAndServe in an application
 	defer srv.Close()
 
-	call := func(method, path, token, body string) *http.Response {
+	call := func(method, path, token, body string, out any) string {
 		req, _ := http.NewRequest(method, srv.URL+"/ops"+path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+token)
 		req.Header.Set("Content-Type", "application/json")
@@ -58,20 +58,22 @@ func Example() {
 		if err != nil {
 			panic(err)
 		}
-		return resp
+		defer resp.Body.Close()
+		if out != nil {
+			_ = json.NewDecoder(resp.Body).Decode(out)
+		}
+		return resp.Status
 	}
 
-	resp := call("GET", "/api/keys?status=in_flight", viewer, "")
 	var page admin.Page
-	_ = json.NewDecoder(resp.Body).Decode(&page)
-	resp.Body.Close()
+	call("GET", "/api/keys?status=in_flight", viewer, "", &page)
 	r := page.Records[0]
 	fmt.Println("stuck:", r.Tenant, r.Key, "at", r.RecoveryPoint)
 
 	body := fmt.Sprintf(`{"owner": %q, "reason": "holder died in the outage"}`, r.Owner)
-	fmt.Println("viewer release:", call("POST", "/api/keys/acme/order-42/release", viewer, body).Status)
-	fmt.Println("operator release:", call("POST", "/api/keys/acme/order-42/release", operator, body).Status)
-	fmt.Println("again, with the old owner:", call("POST", "/api/keys/acme/order-42/release", operator, body).Status)
+	fmt.Println("viewer release:", call("POST", "/api/keys/acme/order-42/release", viewer, body, nil))
+	fmt.Println("operator release:", call("POST", "/api/keys/acme/order-42/release", operator, body, nil))
+	fmt.Println("again, with the old owner:", call("POST", "/api/keys/acme/order-42/release", operator, body, nil))
 
 	// The same from Go.
 	d, err := a.Show(ctx, recovery.Key{Tenant: "acme", ID: "order-42"})

@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -35,6 +34,7 @@ const MaxBodyBytes = 64 << 10
 //
 // The API:
 //
+//	GET  /api/role                                      {"role": "read"} or {"role": "write"}: what the caller may do
 //	GET  /api/keys?tenant=&workflow=&status=&stuck_for=10m&created_from=RFC3339&created_to=&newest=true&limit=&cursor=
 //	GET  /api/keys/{tenant}/{key}                       (Show; escape a / in a key as %2F)
 //	POST /api/keys/{tenant}/{key}/release                {"owner": "...", "force": false, "reason": "..."}
@@ -48,6 +48,7 @@ const MaxBodyBytes = 64 << 10
 // messages; its filter takes topic).
 func (a *Admin) Handler() http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/role", a.serveRole)
 	mux.HandleFunc("GET /api/keys", a.serveList)
 	mux.HandleFunc("GET /api/keys/{tenant}/{key}", a.serveShow)
 	mux.HandleFunc("POST /api/keys/{tenant}/{key}/{action}", a.serveAction)
@@ -110,6 +111,12 @@ type roleKey struct{}
 func RoleOf(ctx context.Context) Role {
 	r, _ := ctx.Value(roleKey{}).(Role)
 	return r
+}
+
+func (a *Admin) serveRole(w http.ResponseWriter, r *http.Request) {
+	a.reply(w, struct {
+		Role Role `json:"role"`
+	}{RoleOf(r.Context())}, nil)
 }
 
 func (a *Admin) serveList(w http.ResponseWriter, r *http.Request) {
@@ -308,7 +315,7 @@ func (a *Admin) writeError(w http.ResponseWriter, err error) {
 		status = http.StatusRequestEntityTooLarge
 	case errors.Is(err, ErrInvalidInput):
 		status = http.StatusBadRequest
-	case errors.Is(err, ErrNotFound), errors.Is(err, outbox.ErrNotFound):
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrMessageNotFound):
 		status = http.StatusNotFound
 	case errors.Is(err, ErrChanged), errors.Is(err, ErrFinished), errors.Is(err, ErrLeaseLive):
 		status = http.StatusConflict

@@ -109,6 +109,11 @@ func TestHTTPRoles(t *testing.T) {
 		require.Equal(t, want, status, "token %q: %s", token, body)
 		require.Equal(t, rec.Owner, b.load(t, rec.Key).Owner, "token %q changed nothing", token)
 	}
+	for token, want := range map[string]string{"reader": `{"role": "read"}`, "writer": `{"role": "write"}`} {
+		status, body := do(t, srv, call{method: "GET", path: "/api/role", token: token})
+		require.Equal(t, 200, status)
+		require.JSONEq(t, want, string(body), "a page learns what its operator may do")
+	}
 	release.token = "writer"
 	status, body := do(t, srv, release)
 	require.Equal(t, 200, status, "%s", body)
