@@ -243,7 +243,7 @@ func TestConsolePages(t *testing.T) {
 	b.stuck(t, key("acme", "order-1"), "checkout")
 	b.completed(t, key("acme", "order-2"), "checkout")
 	base := consoleServer(t, b)
-	get := func(path, token string) (*http.Response, string) {
+	get := func(path, token string) (page, string) {
 		req, err := http.NewRequest(http.MethodGet, base+path, nil)
 		require.NoError(t, err)
 		if token != "" {
@@ -252,10 +252,9 @@ func TestConsolePages(t *testing.T) {
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		defer resp.Body.Close()
-		var body strings.Builder
-		_, err = io.Copy(&body, resp.Body)
+		body, err := io.ReadAll(resp.Body)
 		require.NoError(t, err)
-		return resp, body.String()
+		return page{StatusCode: resp.StatusCode, Header: resp.Header}, string(body)
 	}
 
 	resp, body := get("?tenant=&workflow=&status=&stuck_for=&created_from=&created_to=", "console-reader")
@@ -287,4 +286,10 @@ func TestConsolePages(t *testing.T) {
 	resp, body = get("static/console.js", "console-reader")
 	require.Equal(t, 200, resp.StatusCode)
 	require.Contains(t, body, "use strict")
+}
+
+// page is what a GET of a console page answered, but its body.
+type page struct {
+	StatusCode int
+	Header     http.Header
 }

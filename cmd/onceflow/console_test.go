@@ -63,7 +63,7 @@ func TestSweeperServesTheConsole(t *testing.T) {
 		t.Fatal("the sweeper did not say where it serves the console")
 	}
 
-	call := func(method, path, token string) *http.Response {
+	call := func(method, path, token string) answer {
 		req, err := http.NewRequest(method, base+path, strings.NewReader(`{}`))
 		require.NoError(t, err)
 		req.Header.Set("Content-Type", "application/json")
@@ -72,8 +72,8 @@ func TestSweeperServesTheConsole(t *testing.T) {
 		}
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
-		resp.Body.Close()
-		return resp
+		defer resp.Body.Close()
+		return answer{StatusCode: resp.StatusCode, Header: resp.Header}
 	}
 	resp := call(http.MethodGet, "/", "")
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
@@ -97,4 +97,10 @@ func TestSweeperServesTheConsole(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the sweeper did not stop on SIGTERM")
 	}
+}
+
+// answer is what a request answered, but its body.
+type answer struct {
+	StatusCode int
+	Header     http.Header
 }
