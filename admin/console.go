@@ -153,6 +153,11 @@ type keysPage struct {
 	Statuses []recovery.Status
 	Records  []Record
 	Next     string // the query of the next page; "" on the last
+	// Bulk is the listing's filter as a bulk action's body takes it
+	// (JSON); "" when the listing has no filter, which a bulk action
+	// refuses.
+	Bulk    string
+	MaxBulk int
 }
 
 // consoleFilter is the listing's query as parseFilter reads it: the
@@ -194,11 +199,30 @@ func (a *Admin) pageKeys(w http.ResponseWriter, r *http.Request) {
 		recovery.StatusInFlight, StatusCompensating, recovery.StatusParked, recovery.StatusFailed,
 		recovery.StatusCompensated, recovery.StatusCompleted,
 	}}
+	data.Bulk, data.MaxBulk = bulkFilter(q), a.maxBulk
 	if list.Next != "" {
 		q.Set("cursor", list.Next)
 		data.Next = "?" + q.Encode()
 	}
 	a.render(w, r, http.StatusOK, "keys.html", page{Title: "Keys", Nav: nav(q), Data: data})
+}
+
+// bulkFilter is the filter of the listing's query q as a bulk action's
+// body takes it, as JSON; "" when q selects no records in particular.
+func bulkFilter(q url.Values) string {
+	filter := map[string]string{}
+	for name := range q {
+		switch name {
+		case "limit", "cursor", "newest":
+		default:
+			filter[name] = q.Get(name)
+		}
+	}
+	if len(filter) == 0 {
+		return ""
+	}
+	b, _ := json.Marshal(filter) // strings cannot fail to encode
+	return string(b)
 }
 
 // nav names the navigation entry a listing's query is.

@@ -31,7 +31,8 @@
       text.textContent = pending.text;
       reason.value = "";
       force.checked = false;
-      forceLabel.hidden = pending.owner === undefined; // outbox messages have no lease
+      // outbox messages have no lease
+      forceLabel.hidden = pending.owner === undefined && pending.filter === undefined;
       error.hidden = true;
       ok.disabled = false;
       dialog.showModal();
@@ -43,8 +44,12 @@
   });
 
   ok.addEventListener("click", async function () {
-    const body = pending.owner === undefined ? {} :
-      { owner: pending.owner, force: force.checked, reason: reason.value };
+    let body = {};
+    if (pending.filter !== undefined) {
+      body = { filter: JSON.parse(pending.filter), force: force.checked, reason: reason.value };
+    } else if (pending.owner !== undefined) {
+      body = { owner: pending.owner, force: force.checked, reason: reason.value };
+    }
     ok.disabled = true;
     try {
       const resp = await fetch(new URL(pending.url, document.baseURI), {
@@ -54,7 +59,15 @@
         credentials: "same-origin",
       });
       if (resp.ok) {
-        sessionStorage.setItem("onceflow-notice", title.textContent.replace(/\?$/, "") + ": done.");
+        let done = "done.";
+        if (pending.filter !== undefined) {
+          const report = await resp.json();
+          done = report.done + " of " + report.matched + " done" +
+            (report.skipped ? ", " + report.skipped.length + " skipped" : "") +
+            (report.errors ? ", " + report.errors.length + " failed" : "") +
+            (report.more ? "; more match: run it again" : "") + ".";
+        }
+        sessionStorage.setItem("onceflow-notice", title.textContent.replace(/\?$/, "") + ": " + done);
         location.reload();
         return;
       }
