@@ -46,6 +46,14 @@ const TimeoutDefault = 2 * time.Minute
 // in this time, not at the end of the tab's life.
 const StepTimeoutDefault = 30 * time.Second
 
+// MaxBrowsers is how many browsers the tests of one package run at once;
+// a test that would start one more waits for a running one to close.
+// Chromium is heavy for the small machines CI runs on.
+const MaxBrowsers = 2
+
+// browsers holds a slot for each running browser.
+var browsers = make(chan struct{}, MaxBrowsers)
+
 // Width and Height are the size of the browser's window, and so of a
 // screenshot of the viewport.
 const (
@@ -103,6 +111,8 @@ func New(t testing.TB, opts Options) *Tab {
 	if err != nil {
 		t.Fatal(err)
 	}
+	browsers <- struct{}{}
+	t.Cleanup(func() { <-browsers }) // runs after the cleanup below, which closes the browser
 	ctx, cancelTimeout := context.WithTimeout(context.Background(), cmp.Or(opts.Timeout, TimeoutDefault))
 	allocOpts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),
