@@ -62,8 +62,13 @@ type Detail struct {
 	Request  json.RawMessage `json:"request,omitempty"`
 	State    json.RawMessage `json:"state,omitempty"`
 	Response *Response       `json:"response,omitempty"`
-	// History: the record's transitions (recovery.Record.History) go here,
-	// as "history", once migration 0014 stores them.
+	// TraceParent is the W3C traceparent of the request that created the
+	// record (migration 0014), when it carried one.
+	TraceParent string `json:"trace_parent,omitempty"`
+	// History is the record's transitions, oldest first (the latest
+	// recovery.MaxHistory); HistoryTruncated counts older ones dropped.
+	History          []recovery.Transition `json:"history,omitempty"`
+	HistoryTruncated int                   `json:"history_truncated,omitempty"`
 }
 
 // Definition names a workflow definition: its fingerprint, and its version
@@ -114,7 +119,8 @@ func summary(rec *recovery.Record) Record {
 // among them is named by its fingerprint only). The onceflow command's
 // keys show --json prints the same.
 func Describe(rec *recovery.Record, defs []recovery.StoredDefinition) *Detail {
-	d := &Detail{Record: summary(rec), ID: rec.ID.String(), Undo: rec.Undo, Request: rec.Request, State: rec.State}
+	d := &Detail{Record: summary(rec), ID: rec.ID.String(), Undo: rec.Undo, Request: rec.Request, State: rec.State,
+		TraceParent: rec.TraceParent, History: rec.History, HistoryTruncated: rec.HistoryTruncated}
 	definition := func(fingerprint string) *Definition {
 		if fingerprint == "" {
 			return nil

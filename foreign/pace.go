@@ -16,6 +16,11 @@ const (
 	PaceConcurrencyLimit = 10_000
 	// PaceRateLimit is the highest Rate a Pace may ask for, per second.
 	PaceRateLimit = 1_000_000
+	// PaceRateMin is the lowest Rate above 0 a Pace may ask for, per
+	// second: one call a day. A lower one waits longer for a token than a
+	// deferral lasts (recovery.MaxDefer), and the database's arithmetic
+	// underflows near zero.
+	PaceRateMin = 1.0 / (24 * 60 * 60)
 	// PaceBurstLimit is the largest Burst a Pace may ask for.
 	PaceBurstLimit = 1_000_000
 )
@@ -45,7 +50,7 @@ type Pace struct {
 	// At most PaceConcurrencyLimit.
 	Concurrency int
 	// Rate is how many calls may start per second on average. 0 means no
-	// limit. At most PaceRateLimit.
+	// limit. At least PaceRateMin (one a day), at most PaceRateLimit.
 	Rate float64
 	// Burst is how many calls may start at once after a quiet time, with
 	// Rate. 0 means 1. At most PaceBurstLimit.
@@ -60,8 +65,8 @@ func (p Pace) validate() error {
 	switch {
 	case p.Concurrency < 0 || p.Concurrency > PaceConcurrencyLimit:
 		return fmt.Errorf("pace: Concurrency is %d; want 0 to %d", p.Concurrency, PaceConcurrencyLimit)
-	case math.IsNaN(p.Rate) || p.Rate < 0 || p.Rate > PaceRateLimit:
-		return fmt.Errorf("pace: Rate is %v; want 0 to %d per second", p.Rate, PaceRateLimit)
+	case math.IsNaN(p.Rate) || p.Rate < 0 || p.Rate > PaceRateLimit || (p.Rate > 0 && p.Rate < PaceRateMin):
+		return fmt.Errorf("pace: Rate is %v; want 0, or %g to %d per second", p.Rate, PaceRateMin, PaceRateLimit)
 	case p.Burst < 0 || p.Burst > PaceBurstLimit:
 		return fmt.Errorf("pace: Burst is %d; want 0 to %d", p.Burst, PaceBurstLimit)
 	case p.Burst > 0 && p.Rate == 0:
@@ -105,7 +110,10 @@ func (l limitOption) apply(o *options) { o.downstream = string(l) }
 
 // WaitError is why a paced call did not start: the wait for its turn was
 // longer than a third of the lease, so the step defers (a *phase.DeferError
-// wraps it).
+// wraps it). The engine counts no attempt for a deferral that waited only
+// for its turn (not Circuit), since nothing was called; after a failed try
+// of the same attempt, the deferral wraps that try's error instead, and
+// counts.
 type WaitError struct {
 	// Downstream is the Pace's name; Tenant is set when it is per tenant.
 	Downstream, Tenant string

@@ -26,6 +26,10 @@ const (
 	slotPollMax = 200 * time.Millisecond
 	// releaseTimeout bounds giving a slot back after the call.
 	releaseTimeout = 5 * time.Second
+	// slotMargin: a call is cancelled once its slot's lease, unrenewed,
+	// has less than 1/slotMargin of it left, so that it has stopped before
+	// another process may claim the slot.
+	slotMargin = 6
 )
 
 // PacerConfig configures a Pacer.
@@ -139,7 +143,8 @@ type turn struct {
 	lease             time.Duration // of a slot held
 	limit             time.Duration // the longest wait before deferring
 	started           time.Time
-	waited            bool // slept at least once
+	waited            bool      // slept at least once
+	claimSent         time.Time // when the claim of the slot held was sent
 }
 
 // left is how much longer t may wait before it defers.
@@ -167,10 +172,16 @@ func (p *Pacer) takeToken(ctx context.Context, t *turn) error {
 		)
 		left := max(t.left(), 0)
 		err := p.db.QueryRow(ctx, p.sql.reserve, t.downstream, t.scope, rate, burst, left.Seconds()).Scan(&granted, &secs, &circuit)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Refused by a bucket a concurrent first call made, committed
+			// after this statement's snapshot: the wait is not known; look
+			// again.
+			granted, secs, err = false, 0, nil
+		}
 		if err != nil {
 			return fmt.Errorf("pace %s: take a token: %w", t.downstream, p.notMigrated(err))
 		}
-		wait := time.Duration(secs * float64(time.Second))
+		wait := time.Duration(secs * float64(time.Second)) // at most a day and the longest wait: see PaceRateMin
 		switch {
 		case !granted && wait > left:
 			return deferFor(t.downstream, t.scope, circuit, wait)
@@ -229,6 +240,7 @@ func (p *Pacer) takeSlot(ctx context.Context, t *turn) (uuid.UUID, error) {
 // once more.
 func (p *Pacer) claimSlot(ctx context.Context, t *turn, holder uuid.UUID) (bool, error) {
 	for range 2 {
+		t.claimSent = time.Now()
 		err := p.db.QueryRow(ctx, p.sql.claim, t.downstream, t.scope, t.pace.Concurrency, holder, t.lease.Microseconds()).Scan(new(int))
 		if err == nil {
 			return true, nil
@@ -248,29 +260,43 @@ func (p *Pacer) claimSlot(ctx context.Context, t *turn, holder uuid.UUID) (bool,
 }
 
 // keepSlot renews holder's slot every third of its lease while the call
-// runs, and returns the call's context, cancelled if the slot is lost (its
-// lease ran out, and so another call may hold it), and a stop that gives
-// the slot back.
+// runs, and returns the call's context, cancelled if the slot may be lost
+// (another call may hold it by then), and a stop that gives the slot back.
+// The slot may be lost when a renewal finds it taken, or when no renewal
+// succeeded for all but 1/slotMargin of its lease, counted from when the last
+// successful claim or renewal was sent (no later than the database clock
+// stamped it), however long a renewal waits for a connection.
 func (p *Pacer) keepSlot(ctx context.Context, t *turn, holder uuid.UUID) (context.Context, context.CancelFunc) {
 	callCtx, cancel := context.WithCancelCause(ctx)
+	lost := func() { cancel(fmt.Errorf("pace %s: %w", t.downstream, errSlotLost)) }
+	kept := t.lease - t.lease/slotMargin
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		tick := time.NewTicker(max(t.lease/3, time.Millisecond))
 		defer tick.Stop()
-		renewed := time.Now()
+		deadline := t.claimSent.Add(kept)
+		expiry := time.NewTimer(time.Until(deadline))
+		defer expiry.Stop()
 		for {
 			select {
 			case <-callCtx.Done():
 				return
+			case <-expiry.C:
+				lost()
+				return
 			case <-tick.C:
 			}
-			tag, err := p.db.Exec(callCtx, p.sql.renew, t.downstream, t.scope, holder, t.lease.Microseconds())
+			sent := time.Now()
+			renewCtx, stop := context.WithDeadline(callCtx, deadline)
+			tag, err := p.db.Exec(renewCtx, p.sql.renew, t.downstream, t.scope, holder, t.lease.Microseconds())
+			stop()
 			switch {
 			case err == nil && tag.RowsAffected() == 1:
-				renewed = time.Now()
-			case err == nil, time.Since(renewed) >= t.lease:
-				cancel(fmt.Errorf("pace %s: %w", t.downstream, errSlotLost))
+				deadline = sent.Add(kept)
+				expiry.Reset(time.Until(deadline))
+			case err == nil:
+				lost()
 				return
 			}
 		}

@@ -193,11 +193,16 @@ func (o *options) run(ctx context.Context, t tries, try func(ctx context.Context
 	if lease > 0 {
 		limit = lease / 3
 	}
+	var failed error // the last try's error
 	for n := 1; ; n++ {
 		err := o.paced(ctx, t, try)
+		if failed != nil {
+			err = afterFailure(err, failed)
+		}
 		if err == nil || !retryable(ctx, err) {
 			return err
 		}
+		failed = err
 		// The other system's Retry-After beyond the limit defers, on the
 		// last try too: failing instead would hand the key back for an
 		// at-once takeover that calls again long before the time asked.
@@ -217,6 +222,21 @@ func (o *options) run(ctx context.Context, t tries, try func(ctx context.Context
 			return fmt.Errorf("%w (stopped before try %d: %w)", err, n+1, stopped)
 		}
 	}
+}
+
+// afterFailure is err, the outcome of a try that followed one that failed
+// with failed, as the engine must count it: a deferral that waited for its
+// turn spends no attempt (nothing was called), but after a failed try it
+// must, or a downstream that always fails would be called for ever.
+func afterFailure(err, failed error) error {
+	var (
+		d *phase.DeferError
+		w *WaitError
+	)
+	if errors.As(err, &d) && errors.As(err, &w) && !w.Circuit {
+		return phase.Defer(d.After, fmt.Errorf("%w (and then: %v)", failed, err))
+	}
+	return err
 }
 
 // tries is what run needs of the attempt.

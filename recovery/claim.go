@@ -66,6 +66,12 @@ type ClaimParams struct {
 	// the key, stored with a new record (see workflow.Definition). ""
 	// stores none.
 	Definition string
+	// TraceParent is the W3C traceparent of the request that creates the
+	// record, stored with a new record and never changed (see
+	// Record.TraceParent), so that every later attempt can link to that
+	// trace. At most 255 bytes of lower-case hex digits and dashes; ""
+	// stores none. A claim of an existing record ignores it.
+	TraceParent string
 }
 
 // principalHash is what the record keeps of a principal.
@@ -133,8 +139,34 @@ func (s *Store) claimArgs(p ClaimParams) ([]any, error) {
 		}
 		definition = &p.Definition
 	}
+	trace, err := checkTraceParent(p.TraceParent)
+	if err != nil {
+		return nil, err
+	}
 	return []any{p.Key.Tenant, p.Key.ID, uuid.New(), p.Workflow, p.Fingerprint[:], request, uuid.New(),
-		lease, abandonedError, principalHash(p.Key, p.Principal), definition}, nil
+		lease, abandonedError, principalHash(p.Key, p.Principal), definition, trace}, nil
+}
+
+// maxTraceParent bounds a stored traceparent (the column's check, migration
+// 0014); version 00 of the W3C format is 55 bytes.
+const maxTraceParent = 255
+
+// checkTraceParent returns the traceparent to store: nil for none, else
+// what the W3C format is made of (lower-case hex digits and dashes), at
+// most maxTraceParent bytes. Its fields are the tracer's to parse.
+func checkTraceParent(tp string) (*string, error) {
+	if tp == "" {
+		return nil, nil
+	}
+	if len(tp) > maxTraceParent {
+		return nil, &InputError{Field: "trace parent", Problem: fmt.Sprintf("is %d bytes, longer than %d", len(tp), maxTraceParent)}
+	}
+	for i := range len(tp) {
+		if c := tp[i]; c != '-' && (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return nil, &InputError{Field: "trace parent", Problem: "holds a byte other than a lower-case hex digit or a dash"}
+		}
+	}
+	return &tp, nil
 }
 
 // checkRequest returns the request to store: nil for none, else JSON in

@@ -27,7 +27,7 @@ func (s *Store) compensate(ctx context.Context, f Fence, undo []string, resp Res
 			return err
 		}
 	}
-	args, err := s.finishArgs(f, StatusInFlight, resp, nil, nil, nil)
+	args, err := s.finishArgs(f, StatusInFlight, "", resp, nil, nil, nil)
 	if err != nil {
 		return fmt.Errorf("compensate key: %w", err)
 	}

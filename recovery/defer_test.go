@@ -36,7 +36,7 @@ func TestHandBackForDefersTheKey(t *testing.T) {
 	rec, _ := b.claim(t, p)
 	const after = 90 * time.Second
 	start := time.Now()
-	notBefore, err := seam.StoreOf(b.store).HandBackFor(b.ctx, rec.Fence(), after, "provider said 429")
+	notBefore, err := seam.StoreOf(b.store).HandBackFor(b.ctx, rec.Fence(), after, "provider said 429", true)
 	require.NoError(t, err)
 
 	got := b.load(t, key)
@@ -45,7 +45,7 @@ func TestHandBackForDefersTheKey(t *testing.T) {
 	require.True(t, notBefore.Equal(got.NotBefore), "%s, %s", notBefore, got.NotBefore)
 	require.Equal(t, 1, got.Attempts, "a deferral counts an attempt")
 	require.Equal(t, "provider said 429", got.LastError)
-	_, err = seam.StoreOf(b.store).HandBackFor(b.ctx, rec.Fence(), after, "again")
+	_, err = seam.StoreOf(b.store).HandBackFor(b.ctx, rec.Fence(), after, "again", true)
 	require.ErrorIs(t, err, recovery.ErrLeaseLost)
 
 	version := b.rowVersion(t, key)
@@ -64,6 +64,24 @@ func TestHandBackForDefersTheKey(t *testing.T) {
 	require.Zero(t, b.load(t, key).NotBefore)
 }
 
+// TestHandBackForUncounted: a deferral that is not counted (a paced call
+// that waited for its turn) defers the key like one that is, and leaves its
+// attempts as they were.
+func TestHandBackForUncounted(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{}`)
+	rec, _ := b.claim(t, p)
+	start := time.Now()
+	_, err := seam.StoreOf(b.store).HandBackFor(b.ctx, rec.Fence(), time.Minute, "waits its turn", false)
+	require.NoError(t, err)
+	got := b.load(t, key)
+	require.True(t, got.Released)
+	require.Zero(t, got.Attempts, "a deferral for a turn spends no attempt")
+	_, _, err = b.store.Claim(b.ctx, p)
+	inFlightFor(t, err, time.Minute, start)
+}
+
 // TestHandBackForIsBounded: a deferral longer than MaxDefer is cut to it,
 // and a negative one defers nothing: its not-before time is when it was
 // written, not before.
@@ -72,14 +90,14 @@ func TestHandBackForIsBounded(t *testing.T) {
 	long := recovery.Key{Tenant: "acme", ID: "long"}
 	rec, _ := b.claim(t, params(t, long, `{}`))
 	start := time.Now()
-	_, err := seam.StoreOf(b.store).HandBackFor(b.ctx, rec.Fence(), 30*24*time.Hour, "a month")
+	_, err := seam.StoreOf(b.store).HandBackFor(b.ctx, rec.Fence(), 30*24*time.Hour, "a month", true)
 	require.NoError(t, err)
 	_, _, err = b.store.Claim(b.ctx, params(t, long, `{}`))
 	inFlightFor(t, err, recovery.MaxDefer, start)
 
 	negative := recovery.Key{Tenant: "acme", ID: "negative"}
 	rec, _ = b.claim(t, params(t, negative, `{}`))
-	notBefore, err := seam.StoreOf(b.store).HandBackFor(b.ctx, rec.Fence(), -time.Hour, "in the past")
+	notBefore, err := seam.StoreOf(b.store).HandBackFor(b.ctx, rec.Fence(), -time.Hour, "in the past", true)
 	require.NoError(t, err)
 	require.False(t, notBefore.Before(rec.UpdatedAt), "not before %s, claimed at %s", notBefore, rec.UpdatedAt)
 	_, outcome := b.claim(t, params(t, negative, `{}`))
@@ -92,7 +110,7 @@ func TestReleaseEndsADeferral(t *testing.T) {
 	b := setup(t)
 	key := recovery.Key{Tenant: "acme", ID: "k1"}
 	rec, _ := b.claim(t, params(t, key, `{}`))
-	_, err := seam.StoreOf(b.store).HandBackFor(b.ctx, rec.Fence(), time.Hour, "provider said 429")
+	_, err := seam.StoreOf(b.store).HandBackFor(b.ctx, rec.Fence(), time.Hour, "provider said 429", true)
 	require.NoError(t, err)
 	deferred := b.load(t, key)
 	require.NoError(t, seam.StoreOf(b.store).ReleaseLeaseOver(b.ctx, deferred.Fence(), "released by an operator"))

@@ -40,8 +40,8 @@ func (e *engineStore) HandBack(ctx context.Context, f Fence, cause string) error
 	return e.store().handBack(ctx, f, cause)
 }
 
-func (e *engineStore) HandBackFor(ctx context.Context, f Fence, after time.Duration, cause string) (time.Time, error) {
-	return e.store().handBackFor(ctx, f, after, cause)
+func (e *engineStore) HandBackFor(ctx context.Context, f Fence, after time.Duration, cause string, counted bool) (time.Time, error) {
+	return e.store().handBackFor(ctx, f, after, cause, counted)
 }
 
 func (e *engineStore) ReleaseLeaseOver(ctx context.Context, f Fence, cause string) error {
@@ -50,6 +50,14 @@ func (e *engineStore) ReleaseLeaseOver(ctx context.Context, f Fence, cause strin
 
 func (e *engineStore) FailLeaseOver(ctx context.Context, f Fence, resp Response, cause string) error {
 	return e.store().failLeaseOver(ctx, f, resp, cause)
+}
+
+func (e *engineStore) ForceRelease(ctx context.Context, f Fence, cause string) error {
+	return e.store().forceRelease(ctx, f, cause)
+}
+
+func (e *engineStore) ForceFail(ctx context.Context, f Fence, resp Response, cause string) error {
+	return e.store().forceFail(ctx, f, resp, cause)
 }
 
 func (e *engineStore) Stored(resp Response) Response { return e.store().stored(resp) }

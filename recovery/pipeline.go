@@ -111,7 +111,7 @@ func (s *Store) completeAndCommit(ctx context.Context, conn batchConn, f Fence, 
 		}
 		point = &recoveryPoint
 	}
-	args, err := s.finishArgs(f, StatusCompleted, resp, nil, point, state)
+	args, err := s.finishArgs(f, StatusCompleted, TransitionCompleted, resp, nil, point, state)
 	if err != nil {
 		return err
 	}

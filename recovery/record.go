@@ -90,6 +90,18 @@ type Record struct {
 	// progress. Lease renewals do not move it.
 	UpdatedAt   time.Time
 	CompletedAt time.Time // zero while in flight
+	// TraceParent is the W3C traceparent of the request that created the
+	// record (ClaimParams.TraceParent); "" when it had none, or the record
+	// was made before migration 0014.
+	TraceParent string
+	// History lists the record's transitions, oldest first: at most
+	// MaxHistory, the latest (migration 0014). Each was written in the
+	// transaction that made it. Empty for a record that has made none
+	// since the migration.
+	History []Transition
+	// HistoryTruncated counts the older transitions dropped from History
+	// to keep it at MaxHistory.
+	HistoryTruncated int
 }
 
 // Fence returns the record's key and owner token, which every write after
@@ -128,7 +140,8 @@ type Response struct {
 // in the order scanRecord reads them.
 const recordColumns = `tenant_id, key, id, workflow, request_hash, request, owner, status,
 	recovery_point, state, locked_until, attempts, last_error,
-	response_status, response_body, response_header, created_at, updated_at, completed_at, definition, resume_as, not_before, undo`
+	response_status, response_body, response_header, created_at, updated_at, completed_at, definition, resume_as, not_before, undo,
+	trace_parent, history`
 
 // scanRecord reads recordColumns, then extra columns into extra.
 func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
@@ -146,11 +159,14 @@ func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
 		definition     pgtype.Text
 		resumeAs       pgtype.Text
 		notBefore      pgtype.Timestamptz
+		traceParent    pgtype.Text
+		history        []byte
 	)
 	dest := append([]any{
 		&r.Key.Tenant, &r.Key.ID, &r.ID, &r.Workflow, &hash, &r.Request, &r.Owner, &status,
 		&recoveryPoint, &r.State, &lockedUntil, &r.Attempts, &lastError,
 		&responseStatus, &responseBody, &responseHeader, &r.CreatedAt, &r.UpdatedAt, &completedAt, &definition, &resumeAs, &notBefore, &r.Undo,
+		&traceParent, &history,
 	}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return nil, err
@@ -161,6 +177,10 @@ func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
 	r.LastError = lastError.String
 	r.Definition = definition.String
 	r.ResumeAs = resumeAs.String
+	r.TraceParent = traceParent.String
+	if err := decodeHistory(&r, history); err != nil {
+		return nil, err
+	}
 	r.Released = lockedUntil.Valid && lockedUntil.InfinityModifier == pgtype.NegativeInfinity
 	if lockedUntil.Valid && lockedUntil.InfinityModifier == pgtype.Finite {
 		r.LockedUntil = lockedUntil.Time

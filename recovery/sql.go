@@ -32,13 +32,14 @@ const (
 // Parameters: $1 tenant, $2 key, $3 new id, $4 workflow, $5 fingerprint,
 // $6 request, $7 new owner, $8 lease in microseconds, $9 the error recorded
 // when taking over a lease whose holder stopped without releasing it, $10
-// the principal's hash, $11 the definition (migration 0010). The last
-// argument says this build knows compensation: it may take over a record
-// whose undo list a build from before migration 0012 must leave alone.
+// the principal's hash, $11 the definition (migration 0010), $12 the
+// traceparent stored with a new record (migration 0014). The true before it
+// says this build knows compensation: it may take over a record whose undo
+// list a build from before migration 0012 must leave alone.
 var claimSQL = `
 SELECT ` + recordColumns + `, CASE WHEN id = $3 THEN 1 WHEN owner = $7 THEN 2
     WHEN coalesce(principal_hash, sha256(convert_to(tenant_id, 'UTF8'))) <> $10 THEN 4 ELSE 3 END, clock_timestamp()
-FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid, $8::bigint, $9::text, $10::bytea, $11::text, true) c`
+FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid, $8::bigint, $9::text, $10::bytea, $11::text, true, $12::text) c`
 
 // takeoverSQL takes over an expired lease whatever the fingerprint, for work
 // resumed from its stored request. The rule and what a takeover writes are
@@ -63,6 +64,11 @@ SELECT ` + recordColumns + `, 2, clock_timestamp() FROM taken
 UNION ALL
 SELECT ` + recordColumns + `, 3, clock_timestamp() FROM existing WHERE NOT EXISTS (SELECT 1 FROM taken)`
 
+// Every statement that makes a transition appends it to the record's
+// history in the same statement (onceflow_history, migration 0014): the
+// kind, the owner token of the attempt that made it (in a SET, owner is
+// the old value), and the step and error it concerns.
+
 // fence is the guard on every write after the claim.
 const fence = `tenant_id = $1 AND key = $2 AND owner = $3 AND status = 'in_flight'`
 
@@ -70,44 +76,55 @@ const (
 	loadSQL = `SELECT ` + recordColumns + ` FROM {keys} WHERE tenant_id = $1 AND key = $2`
 
 	advanceSQL = `UPDATE {keys} SET recovery_point = $4, state = $5::json,
+    history = {schema}.onceflow_history(history, 'phase_committed', owner, $4),
     locked_until = clock_timestamp() + $6::bigint * interval '1 microsecond', updated_at = clock_timestamp()
 WHERE ` + fence
 
 	// finishSQL completes or fails a record: $4 status, $5 response status,
 	// $6 body, $7 header, $8 last error, $9 recovery point, $10 state (NULL
-	// keeps the old value of each of the last three).
+	// keeps the old value of each of those three), $11 the transition.
 	finishSQL = `UPDATE {keys} SET status = $4, locked_until = NULL, not_before = NULL,
     response_status = $5, response_body = $6, response_header = $7::jsonb,
     last_error = coalesce($8, last_error),
     recovery_point = coalesce($9, recovery_point), state = coalesce($10::json, state),
+    history = {schema}.onceflow_history(history, $11, owner, coalesce($9, recovery_point), $8),
     completed_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE ` + fence
 
 	// releaseSQL sets the status too: an operator's release of a parked
 	// record puts it back in flight, and of a deferred one ends its
-	// deferral, so that a retry or the completer takes it over at once.
+	// deferral, so that a retry or the completer takes it over at once. $5
+	// is the transition: the attempt's release or an operator's.
 	releaseSQL = `UPDATE {keys} SET status = 'in_flight', locked_until = '-infinity', owner = gen_random_uuid(),
+    history = {schema}.onceflow_history(history, $5, owner, recovery_point, $4),
     not_before = NULL, attempts = attempts + 1, last_error = $4, updated_at = clock_timestamp()
 WHERE ` + fence
 
 	handBackSQL = `UPDATE {keys} SET locked_until = '-infinity', owner = gen_random_uuid(),
+    history = {schema}.onceflow_history(history, 'handed_back', owner, recovery_point, $4),
     last_error = $4, updated_at = clock_timestamp()
 WHERE ` + fence
 
-	// handBackForSQL releases the lease like releaseSQL (an attempt counts,
-	// so that MaxAttempts bounds a downstream that defers for ever) and
-	// defers the record: no takeover before $5 microseconds from now by the
-	// database clock (see onceflow_may_take_over, migration 0011). It
-	// returns that time.
+	// handBackForSQL releases the lease like releaseSQL, counting $6 (0
+	// or 1) attempts, and defers the record: no takeover before $5
+	// microseconds from now by the database clock (see
+	// onceflow_may_take_over, migration 0011). It returns that time.
 	handBackForSQL = `UPDATE {keys} SET locked_until = '-infinity', owner = gen_random_uuid(),
     not_before = clock_timestamp() + $5::bigint * interval '1 microsecond',
-    attempts = attempts + 1, last_error = $4, updated_at = clock_timestamp()
+    history = {schema}.onceflow_history(history, 'deferred', owner, recovery_point, $4),
+    attempts = attempts + $6::int, last_error = $4, updated_at = clock_timestamp()
 WHERE ` + fence + `
 RETURNING not_before`
 
 	// renewSQL extends the lease only: a renewal is not progress, so
-	// updated_at (what "stuck for" measures) stays.
-	renewSQL = `UPDATE {keys} SET locked_until = clock_timestamp() + $4::bigint * interval '1 microsecond'
+	// updated_at (what "stuck for" measures) stays. A renewal that comes
+	// after the lease ended by the database clock, when nothing took the
+	// record over yet, is late: for that while a claim could have taken
+	// the key from a holder still at work. The history records it, with
+	// by how much.
+	renewSQL = `UPDATE {keys} SET locked_until = clock_timestamp() + $4::bigint * interval '1 microsecond',
+    history = CASE WHEN locked_until < clock_timestamp() THEN {schema}.onceflow_history(history, 'renewed_late', owner,
+        recovery_point, 'the lease had ended ' || (clock_timestamp() - locked_until)::text || ' before') ELSE history END
 WHERE ` + fence + `
 RETURNING locked_until`
 
@@ -124,6 +141,7 @@ RETURNING locked_until`
 	// (resume_as) that could not be honoured is spent, so that an
 	// operator's release tries the rules again.
 	parkSQL = `UPDATE {keys} SET status = 'parked', locked_until = NULL, owner = gen_random_uuid(),
+    history = {schema}.onceflow_history(history, 'parked', owner, recovery_point, $4),
     last_error = $4, resume_as = NULL, updated_at = clock_timestamp()
 WHERE ` + fence
 
@@ -131,13 +149,15 @@ WHERE ` + fence
 	// definition $4, from recovery point $5 (renamed) with state $6
 	// (upgraded): what a resume under a changed definition writes first.
 	// An operator's choice of definition (resume_as) is then spent.
-	restampSQL = `UPDATE {keys} SET definition = $4, recovery_point = $5, state = coalesce($6::json, state), resume_as = NULL
+	restampSQL = `UPDATE {keys} SET definition = $4, recovery_point = $5, state = coalesce($6::json, state), resume_as = NULL,
+    history = {schema}.onceflow_history(history, 'restamped', owner, $5, p_definition => $4)
 WHERE ` + fence
 
 	// unparkSQL puts a parked record back in flight, to be run under
 	// definition $4, released so that the next claim or the completer takes
 	// it over at once; $5 is kept as the last error.
 	unparkSQL = `UPDATE {keys} SET status = 'in_flight', locked_until = '-infinity', owner = gen_random_uuid(),
+    history = {schema}.onceflow_history(history, 'resumed_as', owner, recovery_point, $5, $4),
     resume_as = $4, last_error = $5, updated_at = clock_timestamp()
 WHERE tenant_id = $1 AND key = $2 AND owner = $3 AND status = 'parked'`
 
@@ -159,6 +179,7 @@ ORDER BY workflow, created_at, fingerprint`
 	// lease is renewed, and attempts start again from zero: the
 	// compensations get their own.
 	compensateSQL = `UPDATE {keys} SET undo = $4::text[],
+    history = {schema}.onceflow_history(history, 'compensating', owner, recovery_point, $9),
     response_status = $5, response_body = $6, response_header = $7::jsonb,
     state = coalesce($8::json, state), last_error = $9, attempts = 0,
     locked_until = clock_timestamp() + $10::bigint * interval '1 microsecond', updated_at = clock_timestamp()
@@ -166,8 +187,12 @@ WHERE ` + fence + ` AND undo IS NULL`
 
 	// undoneSQL commits the compensation of step $4, the head of the list,
 	// with state $5 and removes it from the list; the last one finishes the
-	// record as compensated. It returns whether it did.
+	// record as compensated, and the history records both. It returns
+	// whether it did.
 	undoneSQL = `UPDATE {keys} SET undo = undo[2:], state = $5::json, updated_at = clock_timestamp(),
+    history = CASE WHEN cardinality(undo) = 1
+        THEN {schema}.onceflow_history({schema}.onceflow_history(history, 'undone', owner, $4), 'compensated', owner, $4)
+        ELSE {schema}.onceflow_history(history, 'undone', owner, $4) END,
     status = CASE WHEN cardinality(undo) = 1 THEN 'compensated' ELSE status END,
     locked_until = CASE WHEN cardinality(undo) = 1 THEN NULL
         ELSE clock_timestamp() + $6::bigint * interval '1 microsecond' END,
@@ -196,6 +221,7 @@ LIMIT $4`
 	// expireSQL ends a lease now, as if its holder had stopped renewing it.
 	// A released lease stays released.
 	expireSQL = `UPDATE {keys} SET locked_until = least(locked_until, clock_timestamp() - interval '1 millisecond'),
+    history = {schema}.onceflow_history(history, 'lease_expired', owner, recovery_point),
     updated_at = clock_timestamp()
 WHERE tenant_id = $1 AND key = $2 AND status = 'in_flight'`
 )

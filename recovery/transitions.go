@@ -61,7 +61,7 @@ func (s *Store) completeAfter(ctx context.Context, f Fence, recoveryPoint string
 // replay, and keeps cause as the last error. Retries get resp; nothing runs
 // again.
 func (s *Store) Fail(ctx context.Context, f Fence, resp Response, cause string) error {
-	return s.fail(ctx, s.sql.finish, f, resp, cause)
+	return s.fail(ctx, s.sql.finish, TransitionFailed, f, resp, cause)
 }
 
 // failLeaseOver fails the record like Fail, only if its lease is over by
@@ -69,23 +69,30 @@ func (s *Store) Fail(ctx context.Context, f Fence, resp Response, cause string) 
 // renewed the lease keeps it, and the call returns ErrLeaseLost. It is the
 // operator's fail (onceflow keys fail without --force).
 func (s *Store) failLeaseOver(ctx context.Context, f Fence, resp Response, cause string) error {
-	return s.fail(ctx, s.sql.finishLeaseOver, f, resp, cause)
+	return s.fail(ctx, s.sql.finishLeaseOver, TransitionFailedByOperator, f, resp, cause)
 }
 
-func (s *Store) fail(ctx context.Context, sql string, f Fence, resp Response, cause string) error {
+// forceFail fails the record like Fail, whatever its lease: the operator's
+// fail with --force. Its history names the operator.
+func (s *Store) forceFail(ctx context.Context, f Fence, resp Response, cause string) error {
+	return s.fail(ctx, s.sql.finish, TransitionFailedByOperator, f, resp, cause)
+}
+
+func (s *Store) fail(ctx context.Context, sql string, kind TransitionKind, f Fence, resp Response, cause string) error {
 	c := cleanError(cause)
-	return s.finishWith(ctx, sql, "fail", f, StatusFailed, resp, &c, nil, nil)
+	return s.finishWith(ctx, sql, "fail", kind, f, StatusFailed, resp, &c, nil, nil)
 }
 
 func (s *Store) finish(ctx context.Context, op string, f Fence, status Status, resp Response,
 	cause, recoveryPoint *string, state []byte) error {
-	return s.finishWith(ctx, s.sql.finish, op, f, status, resp, cause, recoveryPoint, state)
+	return s.finishWith(ctx, s.sql.finish, op, TransitionKind(status), f, status, resp, cause, recoveryPoint, state)
 }
 
-// finishWith runs sql, finishSQL or a statement with its parameters.
-func (s *Store) finishWith(ctx context.Context, sql, op string, f Fence, status Status, resp Response,
+// finishWith runs sql, finishSQL or a statement with its parameters, kind
+// the transition its history records.
+func (s *Store) finishWith(ctx context.Context, sql, op string, kind TransitionKind, f Fence, status Status, resp Response,
 	cause, recoveryPoint *string, state []byte) error {
-	args, err := s.finishArgs(f, status, resp, cause, recoveryPoint, state)
+	args, err := s.finishArgs(f, status, kind, resp, cause, recoveryPoint, state)
 	if err != nil {
 		return fmt.Errorf("%s key: %w", op, err)
 	}
@@ -94,7 +101,7 @@ func (s *Store) finishWith(ctx context.Context, sql, op string, f Fence, status 
 }
 
 // finishArgs returns the arguments of finishSQL.
-func (s *Store) finishArgs(f Fence, status Status, resp Response, cause, recoveryPoint *string, state []byte) ([]any, error) {
+func (s *Store) finishArgs(f Fence, status Status, kind TransitionKind, resp Response, cause, recoveryPoint *string, state []byte) ([]any, error) {
 	if resp.Status < 100 || resp.Status > 999 {
 		return nil, &InputError{Field: "response status", Problem: fmt.Sprintf("is %d, not a three-digit HTTP status", resp.Status)}
 	}
@@ -104,7 +111,7 @@ func (s *Store) finishArgs(f Fence, status Status, resp Response, cause, recover
 		return nil, fmt.Errorf("encode header: %w", err)
 	}
 	return []any{f.Key.Tenant, f.Key.ID, f.Owner, string(status), stored.Status, stored.Body, header, cause,
-		recoveryPoint, state}, nil
+		recoveryPoint, state, string(kind)}, nil
 }
 
 // Release hands the lease back after an attempt failed in a way a retry may
@@ -113,8 +120,7 @@ func (s *Store) finishArgs(f Fence, status Status, resp Response, cause, recover
 // once. The released owner token is retired, so the attempt can write no
 // more.
 func (s *Store) Release(ctx context.Context, f Fence, cause string) error {
-	tag, err := s.db.Exec(ctx, s.sql.release, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause))
-	return s.fenced("release", f, tag, err)
+	return s.release(ctx, s.sql.release, TransitionReleased, f, cause)
 }
 
 // releaseLeaseOver releases the record like Release, only if its lease is
@@ -123,7 +129,19 @@ func (s *Store) Release(ctx context.Context, f Fence, cause string) error {
 // ErrLeaseLost. It is the operator's release (onceflow keys release
 // without --force).
 func (s *Store) releaseLeaseOver(ctx context.Context, f Fence, cause string) error {
-	tag, err := s.db.Exec(ctx, s.sql.releaseLeaseOver, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause))
+	return s.release(ctx, s.sql.releaseLeaseOver, TransitionReleasedByOperator, f, cause)
+}
+
+// forceRelease releases the record like Release, whatever its lease: the
+// operator's release with --force. Its history names the operator.
+func (s *Store) forceRelease(ctx context.Context, f Fence, cause string) error {
+	return s.release(ctx, s.sql.release, TransitionReleasedByOperator, f, cause)
+}
+
+// release runs sql, releaseSQL or a statement with its parameters, kind
+// the transition its history records.
+func (s *Store) release(ctx context.Context, sql string, kind TransitionKind, f Fence, cause string) error {
+	tag, err := s.db.Exec(ctx, sql, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause), string(kind))
 	return s.fenced("release", f, tag, err)
 }
 
@@ -135,16 +153,21 @@ func (s *Store) handBack(ctx context.Context, f Fence, cause string) error {
 	return s.fenced("hand back", f, tag, err)
 }
 
-// handBackFor releases the lease like Release, counting an attempt (so
-// that MaxAttempts bounds a downstream that defers for ever), and defers
-// the record: no claim, Resume or completer takes it
-// over until after (at most MaxDefer) has passed by the database clock. A
-// claim meanwhile gets an *InFlightError with the time left. It returns
-// that time (Record.NotBefore).
-func (s *Store) handBackFor(ctx context.Context, f Fence, after time.Duration, cause string) (time.Time, error) {
+// handBackFor releases the lease like Release, counting an attempt when
+// counted is set (so that MaxAttempts bounds a downstream that defers for
+// ever; a deferral that only waits its turn, having called nothing, is
+// not a failure), and defers the record: no claim, Resume or completer
+// takes it over until after (at most MaxDefer) has passed by the database
+// clock. A claim meanwhile gets an *InFlightError with the time left. It
+// returns that time (Record.NotBefore).
+func (s *Store) handBackFor(ctx context.Context, f Fence, after time.Duration, cause string, counted bool) (time.Time, error) {
 	after = min(max(after, 0), MaxDefer)
+	attempts := 0
+	if counted {
+		attempts = 1
+	}
 	var notBefore time.Time
-	err := s.db.QueryRow(ctx, s.sql.handBackFor, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause), after.Microseconds()).
+	err := s.db.QueryRow(ctx, s.sql.handBackFor, f.Key.Tenant, f.Key.ID, f.Owner, cleanError(cause), after.Microseconds(), attempts).
 		Scan(&notBefore)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, lostLease("defer", f)

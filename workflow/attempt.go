@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/internal/lease"
 	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/phase"
@@ -664,9 +665,10 @@ func (a *attempt[Req, State]) rejectable() bool {
 // MaxAttempts-th fails the key terminally; a caller that went away does
 // not count. An error marked phase.Permanent fails the key terminally at
 // once; a *phase.DeferError releases the lease (it counts, so that
-// MaxAttempts bounds a downstream that defers for ever), and no takeover
-// may follow before its After has passed. A lost lease releases
-// nothing: the key is someone else's.
+// MaxAttempts bounds a downstream that defers for ever, unless it only
+// waited for its turn: see turnOnly), and no takeover may follow before
+// its After has passed. A lost lease releases nothing: the key is someone
+// else's.
 func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause error) (*Result, error) {
 	a.rollback()
 	stepErr := &StepError{Workflow: a.w.name, Step: step, Attempt: a.run.Attempt, Err: cause}
@@ -677,6 +679,7 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 	)
 	permanent := phase.IsPermanent(cause) // wins over a deferral it wraps
 	isDeferred := !permanent && errors.As(cause, &deferred)
+	counted := !isDeferred || !turnOnly(cause)
 	switch {
 	case errors.As(cause, &lost):
 		a.e.observeLeaseLost(a.w.name)
@@ -710,10 +713,10 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 		return a.giveUp(ctx, step, rec, rec.Attempts+1, cause, nil)
 	case a.wentAway(ctx):
 		err = seam.StoreOf(a.e.store).HandBack(cleanupCtx, rec.Fence(), stepErr.Error())
-	case a.e.maxAttempts > 0 && rec.Attempts+1 >= a.e.maxAttempts:
+	case counted && a.e.maxAttempts > 0 && rec.Attempts+1 >= a.e.maxAttempts:
 		return a.giveUp(ctx, step, rec, rec.Attempts+1, cause, nil)
 	case isDeferred:
-		err = a.deferKey(ctx, cleanupCtx, rec, step, deferred, stepErr)
+		err = a.deferKey(ctx, cleanupCtx, rec, step, deferred, stepErr, counted)
 	default:
 		err = a.e.store.Release(cleanupCtx, rec.Fence(), stepErr.Error())
 	}
@@ -723,17 +726,26 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 	return nil, stepErr
 }
 
-// deferKey releases rec's lease, counting an attempt, deferred as d asks (at most recovery.MaxDefer): no claim, Resume or completer
+// deferKey releases rec's lease, counting an attempt if counted, deferred as d asks (at most recovery.MaxDefer): no claim, Resume or completer
 // takes the record over before then.
 func (a *attempt[Req, State]) deferKey(ctx, cleanupCtx context.Context, rec *recovery.Record, step string,
-	d *phase.DeferError, stepErr *StepError) error {
-	notBefore, err := seam.StoreOf(a.e.store).HandBackFor(cleanupCtx, rec.Fence(), d.After, stepErr.Error())
+	d *phase.DeferError, stepErr *StepError, counted bool) error {
+	notBefore, err := seam.StoreOf(a.e.store).HandBackFor(cleanupCtx, rec.Fence(), d.After, stepErr.Error(), counted)
 	if err == nil {
 		a.e.observeDeferred(a.w.name, step)
 		a.e.logger.InfoContext(ctx, "workflow step deferred; the key is handed back until then",
 			a.logAttrs(step, slog.Time("not_before", notBefore), slog.Any("error", d.Err))...)
 	}
 	return err
+}
+
+// turnOnly reports a deferral of a paced call that only waited for its
+// turn (a slot or a token of its Pace, not a circuit a downstream opened):
+// it called nothing and failed at nothing, so it spends no attempt. A busy
+// downstream must delay keys, not fail them after MaxAttempts turns.
+func turnOnly(cause error) bool {
+	var w *foreign.WaitError
+	return errors.As(cause, &w) && !w.Circuit
 }
 
 // wentAway reports an attempt that stopped because its caller cancelled it

@@ -208,10 +208,10 @@ func (a *attempt[Req, State]) compensationFailed(ctx context.Context, step strin
 	case errors.Is(ctx.Err(), context.Canceled):
 		a.e.logger.InfoContext(ctx, "caller went away while compensating; the record stays compensating", a.logAttrs(step)...)
 		err = seam.StoreOf(a.e.store).HandBack(cleanupCtx, a.rec.Fence(), stepErr.Error())
-	case a.e.maxAttempts > 0 && a.rec.Attempts+1 >= a.e.maxAttempts:
+	case a.e.maxAttempts > 0 && a.rec.Attempts+1 >= a.e.maxAttempts && !(errors.As(cause, &deferred) && turnOnly(cause)):
 		return a.compensationFailedForGood(cleanupCtx, step, cause)
-	case !phase.IsPermanent(cause) && errors.As(cause, &deferred):
-		err = a.deferKey(ctx, cleanupCtx, a.rec, step, deferred, stepErr)
+	case errors.As(cause, &deferred):
+		err = a.deferKey(ctx, cleanupCtx, a.rec, step, deferred, stepErr, !turnOnly(cause))
 	default:
 		a.e.logger.WarnContext(ctx, "compensation failed; the next attempt runs it again", a.logAttrs(step, slog.Any("error", cause))...)
 		err = a.e.store.Release(cleanupCtx, a.rec.Fence(), stepErr.Error())

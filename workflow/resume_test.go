@@ -336,6 +336,10 @@ func TestCommitBudget(t *testing.T) {
 		want := commitBudget(tc.ran, claimAlone, tc.resume, tc.rejected)
 		require.NoError(t, e.SaveDefinitions(w.ctx)) // once per process, not per run
 
+		seen := 0 // transitions before the counted call
+		if rec, err := e.Store().Load(w.ctx, key); err == nil {
+			seen = len(rec.History)
+		}
 		w.settled()
 		before := w.counter.Counts()
 		var res *workflow.Result
@@ -359,6 +363,21 @@ func TestCommitBudget(t *testing.T) {
 		atomic := int64(strings.Count(tc.ran, "A"))
 		require.LessOrEqual(t, got.RoundTrips(), 3*atomic+got.Commits-atomic, "%s: %+v", tc.name, got)
 
+		// The history holds the recovery points the call committed (a
+		// foreign step's commits with the phase after it) and its
+		// completion last, written by the statements just counted.
+		rec, err := e.Store().Load(w.ctx, key)
+		require.NoError(t, err, tc.name)
+		added, ran := rec.History[seen:], ranSteps(tc.kinds, tc.ran, tc.end != nil)
+		require.Subset(t, ran, committedSteps(added), "%s: %+v", tc.name, added)
+		for _, step := range ran {
+			if step[0] == 'a' { // an atomic phase commits its recovery point
+				require.Contains(t, committedSteps(added), step, "%s: %+v", tc.name, added)
+			}
+		}
+		require.Equal(t, recovery.TransitionCompleted, added[len(added)-1].Kind, tc.name)
+		require.Equal(t, ran[len(ran)-1], added[len(added)-1].Step, tc.name)
+
 		version := w.rowVersion(key)
 		w.settled()
 		before = w.counter.Counts()
@@ -371,6 +390,31 @@ func TestCommitBudget(t *testing.T) {
 		require.Equal(t, commitBudget("", tc.kinds[0] == 'F', false, false), got.Commits, "%s replayed: %+v", tc.name, got)
 		require.Equal(t, version, w.rowVersion(key), "%s: a replay writes nothing", tc.name)
 	}
+}
+
+// ranSteps names the steps of a shape of kinds that a call ran: the first
+// len(ran) when a step responded, else the last.
+func ranSteps(kinds, ran string, responded bool) []string {
+	first := len(kinds) - len(ran)
+	if responded {
+		first = 0
+	}
+	var names []string
+	for i := first; i < first+len(ran); i++ {
+		names = append(names, fmt.Sprintf("%c%d", kinds[i]+'a'-'A', i))
+	}
+	return names
+}
+
+// committedSteps lists the steps that h says committed or completed.
+func committedSteps(h []recovery.Transition) []string {
+	var steps []string
+	for _, tr := range h {
+		if tr.Kind == recovery.TransitionPhaseCommitted || tr.Kind == recovery.TransitionCompleted {
+			steps = append(steps, tr.Step)
+		}
+	}
+	return steps
 }
 
 // TestHeartbeatRenewsLongSteps: a step that outlives a third of its lease

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -96,7 +97,13 @@ workflow definition that wrote it, its request, state and response. A parked
 key shows why it was parked, and the version an operator chose to resume it
 under (keys resume), if any. A deferred key (a step asked to come back
 later) shows the time before which nothing resumes it; keys release ends
-the deferral.`,
+the deferral.
+
+Below the record, show prints its history: the latest transitions (claimed,
+taken over, phase committed, released, deferred, renewed late, parked,
+compensating, undone, completed, failed, an operator's release, fail or
+resume), oldest first, each with its time by the database clock, the owner
+token of the attempt that made it, and the step and error it concerns.`,
 		Args: args(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			store, db, err := opts.store(cmd)
@@ -154,7 +161,13 @@ the deferral.`,
 				}
 				t.row("response", fmt.Sprintf("%d %s", out.Response.Status, body))
 			}
-			return t.flush()
+			if rec.TraceParent != "" {
+				t.row("trace parent", rec.TraceParent)
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			return writeHistory(opts.stdout, rec)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -188,7 +201,7 @@ resume.`,
 			return opts.onInFlight(cmd, recovery.Key{Tenant: a[0], ID: a[1]}, force, func(store *recovery.Store, rec *recovery.Record) error {
 				cause := "released by an operator: " + reason
 				if force && rec.Status == recovery.StatusInFlight {
-					return store.Release(cmd.Context(), rec.Fence(), cause)
+					return seam.StoreOf(store).ForceRelease(cmd.Context(), rec.Fence(), cause)
 				}
 				return seam.StoreOf(store).ReleaseLeaseOver(cmd.Context(), rec.Fence(), cause)
 			}, "released")
@@ -222,7 +235,7 @@ unless --force is given.`,
 				resp := workflow.Problem(http.StatusInternalServerError, "the operation was stopped and will not be retried")
 				cause := "failed by an operator: " + reason
 				if force && rec.Status == recovery.StatusInFlight {
-					return store.Fail(cmd.Context(), rec.Fence(), resp, cause)
+					return seam.StoreOf(store).ForceFail(cmd.Context(), rec.Fence(), resp, cause)
 				}
 				return seam.StoreOf(store).FailLeaseOver(cmd.Context(), rec.Fence(), resp, cause)
 			}, "failed")
@@ -292,6 +305,30 @@ func (o *options) store(cmd *cobra.Command) (*recovery.Store, *pgxpool.Pool, err
 		return nil, nil, err
 	}
 	return store, db, nil
+}
+
+// writeHistory prints r's history as a table, oldest first, after a line
+// that says how many older transitions were dropped, if any.
+func writeHistory(w io.Writer, r *recovery.Record) error {
+	fmt.Fprintln(w)
+	switch {
+	case len(r.History) == 0:
+		fmt.Fprintln(w, "history: none recorded")
+		return nil
+	case r.HistoryTruncated > 0:
+		fmt.Fprintf(w, "history: the latest %d transitions (%d older ones dropped)\n", len(r.History), r.HistoryTruncated)
+	default:
+		fmt.Fprintln(w, "history:")
+	}
+	t := newTable(w, "AT", "TRANSITION", "OWNER", "STEP", "DETAIL")
+	for _, tr := range r.History {
+		detail := tr.Error
+		if tr.Definition != "" {
+			detail = strings.TrimSpace("definition " + tr.Definition + " " + detail)
+		}
+		t.row(tr.At.Format(time.RFC3339Nano), string(tr.Kind), tr.Owner.String(), tr.Step, shorten(detail, 80))
+	}
+	return t.flush()
 }
 
 func lease(r *recovery.Record) string {

@@ -205,6 +205,40 @@ func TestKeys(t *testing.T) {
 	require.Equal(t, 500, failed.Response.Status)
 }
 
+// TestKeysShowHistory: keys show prints the transitions of a record,
+// oldest first, an operator's among them, and --json holds them too.
+func TestKeysShowHistory(t *testing.T) {
+	t.Parallel()
+	url := dbtest.NewDatabase(t, dbtest.Options{})
+	db := "--database-url=" + url
+	seedKeys(t, url)
+	expireLease(t, url, "stuck")
+	ok(t, "keys", "release", "globex", "stuck", "--reason", "node gone", db)
+	ok(t, "keys", "fail", "globex", "running", "--force", db)
+
+	shown := ok(t, "keys", "show", "globex", "stuck", db)
+	_, history, found := strings.Cut(shown, "\nhistory:\n")
+	require.True(t, found, shown)
+	lines := strings.Split(strings.TrimSpace(history), "\n")
+	require.Len(t, lines, 4, history)
+	require.Regexp(t, `^AT\s+TRANSITION\s+OWNER\s+STEP\s+DETAIL$`, lines[0])
+	require.Regexp(t, `^\S+\s+claimed\s+[0-9a-f-]{36}\s*$`, lines[1])
+	require.Regexp(t, `^\S+\s+phase_committed\s+[0-9a-f-]{36}\s+create_order\s*$`, lines[2])
+	require.Regexp(t, `^\S+\s+released_by_operator\s+[0-9a-f-]{36}\s+create_order\s+released by an operator: node gone$`, lines[3])
+
+	var asJSON struct {
+		History []struct{ Kind, Step, Error string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(ok(t, "keys", "show", "globex", "running", "--json", db)), &asJSON))
+	kinds := make([]string, len(asJSON.History))
+	for i, tr := range asJSON.History {
+		kinds[i] = tr.Kind
+	}
+	require.Equal(t, []string{"claimed", "phase_committed", "failed_by_operator"}, kinds)
+	require.Equal(t, "failed by an operator: no reason given", asJSON.History[2].Error)
+	require.Contains(t, ok(t, "keys", "show", "acme", "done", db), "completed")
+}
+
 // expireLease ends the lease of the key id, as a holder that stopped
 // renewing it would have.
 func expireLease(t *testing.T, url, id string) {

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -220,16 +221,44 @@ func (a *app) refund(ctx context.Context, c *foreign.Call[CheckoutRequest, Check
 	foreign.SetHeader(req, c.Key)
 	resp, err := a.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("payment provider: %w", err)
+		return refundLater(c.Attempt, fmt.Errorf("payment provider: %w", err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusConflict {
 		return nil
 	}
 	if err := foreign.CheckResponse(resp); err != nil {
-		return fmt.Errorf("payment provider refund: %w", err)
+		if phase.IsPermanent(err) {
+			return fmt.Errorf("payment provider refund: %w", err)
+		}
+		return refundLater(c.Attempt, fmt.Errorf("payment provider refund: %w", err))
 	}
 	return nil
+}
+
+// refundBackoffBase and refundBackoffCap pace the attempts at a refund
+// that failed transiently: base·2^(attempt-1), at most the cap.
+const (
+	refundBackoffBase = time.Second
+	refundBackoffCap  = 5 * time.Minute
+)
+
+// refundLater defers a refund that failed transiently (a timeout, a 5xx)
+// rather than failing the attempt: a compensation has MaxAttempts attempts
+// and then fails for good, leaving the charge unrefunded and the stored 502
+// replaced by a 500. A client retrying at once, or the sweeper, would spend
+// those attempts within a second of a provider's hiccup; deferred, the key
+// is not claimed again before the backoff, so the attempts span minutes
+// (longer when the provider asks for more with Retry-After).
+func refundLater(attempt int, err error) error {
+	wait := refundBackoffCap
+	if attempt >= 1 && attempt <= 20 {
+		wait = min(refundBackoffBase<<(attempt-1), refundBackoffCap)
+	}
+	if asked := (*foreign.HTTPError)(nil); errors.As(err, &asked) {
+		wait = max(wait, asked.RetryAfter) // the provider said when to come back
+	}
+	return phase.Defer(wait, err)
 }
 
 func (a *app) recordCharge(ctx context.Context, tx pgx.Tx, r *phase.Run[CheckoutRequest, CheckoutState]) error {

@@ -6,9 +6,12 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os/exec"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
+	"github.com/onceflow/onceflow/workflow"
 )
 
 // mischarged is an order whose card the provider charges one cent too much.
@@ -154,4 +158,51 @@ func TestCrashAtNamesACrashPoint(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, string(out), `--crash-at "nope": the crash points are "before create_order", `)
 	require.Contains(t, string(out), `"after charge's compensation call"`)
+}
+
+// TestRefundOutlivesRetriesDuringAProviderOutage: the provider answers 503
+// to every refund for a while, and the client retries at once, again and
+// again, more times than a compensation has attempts. The refund must not
+// fail for good (a charge kept, the stored 502 turned into a 500): each
+// failed try defers the key, the retries meanwhile are told to wait, and
+// once the provider is back the charge is refunded once and the 502
+// answered.
+func TestRefundOutlivesRetriesDuringAProviderOutage(t *testing.T) {
+	e := newEnv(t)
+	target, err := url.Parse(e.provider)
+	require.NoError(t, err)
+	var outage atomic.Bool
+	outage.Store(true)
+	forward := httputil.NewSingleHostReverseProxy(target)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/refunds" && outage.Load() {
+			http.Error(w, "down for maintenance", http.StatusServiceUnavailable)
+			return
+		}
+		forward.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	e.provider = proxy.URL
+	app := e.serve("--lease", "2s")
+
+	var during []call
+	for range 2 * workflow.MaxAttemptsDefault {
+		during = append(during, e.checkout(app, "k-1", mischarged))
+	}
+	require.Zero(t, e.count(`SELECT count(*) FROM onceflow_keys WHERE status <> 'in_flight'`),
+		"the refund failed for good during a short outage: %s", during[len(during)-1].body)
+	for i, res := range during {
+		require.Contains(t, []int{http.StatusServiceUnavailable, http.StatusConflict}, res.status, "retry %d: %s", i, res.body)
+		require.NotEmpty(t, res.header.Get("Retry-After"), "retry %d", i)
+	}
+
+	outage.Store(false)
+	var res call
+	require.Eventually(t, func() bool {
+		res = e.checkout(app, "k-1", mischarged)
+		return res.status != http.StatusConflict && res.status != http.StatusServiceUnavailable
+	}, 30*time.Second, 100*time.Millisecond)
+	require.Equal(t, http.StatusBadGateway, res.status, res.body)
+	require.Contains(t, res.body, "the charge is refunded and the order is cancelled")
+	requireRefunded(t, e, "k-1")
 }

@@ -11,7 +11,7 @@ var mutants = []Mutant{
 	{
 		Name:   "claim-not-atomic",
 		Breaks: "a takeover's write does not check the rule again, so a claim that read the key absent takes over the concurrent first claim",
-		Edits: []Edit{{File: "migrations/sql/0012_compensation.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0014_history.up.sql",
 			Old: `    WHERE k.tenant_id = p_tenant AND k.key = p_key
       AND {schema}.onceflow_may_take_over(k, p_workflow, p_hash, p_principal, p_undo)`,
 			New: `    WHERE k.tenant_id = p_tenant AND k.key = p_key`}},
@@ -20,7 +20,7 @@ var mutants = []Mutant{
 	{
 		Name:   "lock-timeout-removed",
 		Breaks: "a duplicate's claim waits on the first claim's row lock for its whole first phase",
-		Edits: []Edit{{File: "migrations/sql/0012_compensation.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0014_history.up.sql",
 			Old: "    PERFORM set_config('lock_timeout', '10ms', true);\n", New: ""}},
 		Pkg: "./workflow", Run: "^TestDuplicateDoesNotWaitForTheFirstPhase$",
 	},
@@ -115,7 +115,7 @@ var mutants = []Mutant{
 	{
 		Name:   "tenant-dropped",
 		Breaks: "the claim reads a key's record whatever its tenant",
-		Edits: []Edit{{File: "migrations/sql/0012_compensation.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0014_history.up.sql",
 			Old: "WHERE k.tenant_id = p_tenant AND k.key = p_key;",
 			New: "WHERE k.key = p_key;"}},
 		Pkg: "./recovery", Run: "^TestTenantsAreIsolated$",
@@ -500,8 +500,8 @@ var mutants = []Mutant{
 		Name:   "deferrals-unbounded",
 		Breaks: "a deferral is not bounded by MaxAttempts, so a downstream that always defers keeps the key for ever",
 		Edits: []Edit{{File: "recovery/sql.go",
-			Old: "    attempts = attempts + 1, last_error = $4, updated_at = clock_timestamp()\nWHERE ` + fence + `\nRETURNING not_before`",
-			New: "    last_error = $4, updated_at = clock_timestamp()\nWHERE ` + fence + `\nRETURNING not_before`"}},
+			Old: "    attempts = attempts + $6::int, last_error = $4, updated_at = clock_timestamp()\nWHERE ` + fence + `\nRETURNING not_before`",
+			New: "    attempts = attempts + 0 * $6::int, last_error = $4, updated_at = clock_timestamp()\nWHERE ` + fence + `\nRETURNING not_before`"}},
 		Pkg: "./workflow", Run: "^TestDeferralsAreBoundedByMaxAttempts$",
 	},
 	{
@@ -526,6 +526,20 @@ var mutants = []Mutant{
 		Pkg: "./foreign", Run: "^TestPaceCircuitHoldsOtherKeysBack$",
 	},
 	{
+		Name:   "pace-slot-renewal-unbounded",
+		Breaks: "a slot renewal waiting for a busy pool's connection has no deadline, so the call runs on after its slot passed to another",
+		Edits: []Edit{{File: "foreign/pacer.go",
+			Old: "renewCtx, stop := context.WithDeadline(callCtx, deadline)", New: "renewCtx, stop := context.WithCancel(callCtx)"}},
+		Pkg: "./foreign", Run: "^TestPaceSlotRenewalStuckOnABusyPoolCancelsTheCall$",
+	},
+	{
+		Name:   "pace-turn-deferral-counted",
+		Breaks: "a paced call's deferral for its turn counts an attempt, so a busy downstream fails keys that called nothing",
+		Edits: []Edit{{File: "workflow/attempt.go",
+			Old: "counted := !isDeferred || !turnOnly(cause)", New: "counted := true"}},
+		Pkg: "./foreign", Run: "^TestPaceTurnDeferralsDoNotSpendAttempts$",
+	},
+	{
 		Name:   "admin-fenced-by-loaded-owner",
 		Breaks: "an admin action writes with the owner token it loaded, not the one the operator read, so it acts on a record that changed hands since",
 		Edits: []Edit{
@@ -545,5 +559,27 @@ var mutants = []Mutant{
 		Breaks: "the admin handler acts on a request another origin's page made an operator's browser send",
 		Edits:  []Edit{{File: "admin/http.go", Old: "if err := csrf.Check(r); err != nil {", New: "if err := csrf.Check(r); false && err != nil {"}},
 		Pkg:    "./admin", Run: "^TestHTTPRefusesCrossOriginActions$",
+	},
+	{
+		Name:   "history-phase-unrecorded",
+		Breaks: "a committed phase leaves no entry in the record's history",
+		Edits: []Edit{{File: "recovery/sql.go",
+			Old: "    history = {schema}.onceflow_history(history, 'phase_committed', owner, $4),\n", New: ""}},
+		Pkg: "./workflow", Run: "^TestCommitBudget$",
+	},
+	{
+		Name:   "history-operator-unnamed",
+		Breaks: "an operator's forced fail is recorded as the attempt's own failure",
+		Edits: []Edit{{File: "recovery/transitions.go",
+			Old: "return s.fail(ctx, s.sql.finish, TransitionFailedByOperator, f, resp, cause)",
+			New: "return s.fail(ctx, s.sql.finish, TransitionFailed, f, resp, cause)"}},
+		Pkg: "./recovery", Run: "^TestHistoryNamesHowARecordFinished$",
+	},
+	{
+		Name:   "history-unbounded",
+		Breaks: "the history keeps every transition instead of the latest MaxHistory",
+		Edits: []Edit{{File: "migrations/sql/0014_history.up.sql",
+			Old: "jsonb_path_query_array(e, '$[last - 49 to last]')", New: "e"}},
+		Pkg: "./recovery", Run: "^TestHistoryKeepsTheLatestMaxHistory$",
 	},
 }

@@ -32,9 +32,11 @@ type Store interface {
 	CompleteAndCommit(ctx context.Context, conn Conn, f recovery.Fence, recoveryPoint string, state []byte, resp recovery.Response) error
 	CompleteAfter(ctx context.Context, f recovery.Fence, recoveryPoint string, state []byte, resp recovery.Response) error
 	HandBack(ctx context.Context, f recovery.Fence, cause string) error
-	HandBackFor(ctx context.Context, f recovery.Fence, after time.Duration, cause string) (time.Time, error)
+	HandBackFor(ctx context.Context, f recovery.Fence, after time.Duration, cause string, counted bool) (time.Time, error)
 	ReleaseLeaseOver(ctx context.Context, f recovery.Fence, cause string) error
 	FailLeaseOver(ctx context.Context, f recovery.Fence, resp recovery.Response, cause string) error
+	ForceRelease(ctx context.Context, f recovery.Fence, cause string) error
+	ForceFail(ctx context.Context, f recovery.Fence, resp recovery.Response, cause string) error
 	Stored(resp recovery.Response) recovery.Response
 	Takeover(ctx context.Context, k recovery.Key, workflow string) (*recovery.Record, recovery.Outcome, error)
 	Park(ctx context.Context, f recovery.Fence, reason string) error

@@ -1,0 +1,255 @@
+package recovery_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/seam"
+	"github.com/onceflow/onceflow/recovery"
+)
+
+const traceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+func TestTraceParentIsStoredByTheClaimThatCreatesTheRecord(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{"amount": 100}`)
+	p.TraceParent = traceParent
+	rec, outcome := b.claim(t, p)
+	require.Equal(t, recovery.OutcomeNew, outcome)
+	require.Equal(t, traceParent, rec.TraceParent, "the claim returns it")
+	require.Equal(t, traceParent, b.load(t, key).TraceParent, "and stores it")
+
+	b.expire(t, key)
+	p.TraceParent = "00-11111111111111111111111111111111-2222222222222222-01"
+	rec, outcome = b.claim(t, p)
+	require.Equal(t, recovery.OutcomeTakeover, outcome)
+	require.Equal(t, traceParent, rec.TraceParent, "a takeover keeps the creating request's")
+
+	none := recovery.Key{Tenant: "acme", ID: "k2"}
+	rec, _ = b.claim(t, params(t, none, `{}`))
+	require.Empty(t, rec.TraceParent)
+}
+
+func TestTraceParentInputRules(t *testing.T) {
+	b := setup(t)
+	for _, tp := range []string{
+		"00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01", // upper case
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\n",
+		strings.Repeat("a", 256),
+	} {
+		key := recovery.Key{Tenant: "acme", ID: "k"}
+		p := params(t, key, `{}`)
+		p.TraceParent = tp
+		_, _, err := b.store.Claim(b.ctx, p)
+		var inputErr *recovery.InputError
+		require.ErrorAs(t, err, &inputErr, "%q", tp)
+		require.Equal(t, "trace parent", inputErr.Field)
+	}
+	require.Zero(t, b.count(t), "nothing was written")
+}
+
+func TestHistoryRecordsClaimsAndTakeovers(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{"amount": 100}`)
+	first, _ := b.claim(t, p)
+	require.Len(t, first.History, 1)
+	claimed := first.History[0]
+	require.Equal(t, recovery.TransitionClaimed, claimed.Kind)
+	require.Equal(t, first.Owner, claimed.Owner)
+	require.WithinDuration(t, first.CreatedAt, claimed.At, time.Second, "by the database clock")
+
+	b.expire(t, key)
+	second, outcome := b.claim(t, p)
+	require.Equal(t, recovery.OutcomeTakeover, outcome)
+	require.Equal(t, []recovery.TransitionKind{recovery.TransitionClaimed, recovery.TransitionLeaseExpired, recovery.TransitionTakenOver},
+		kinds(second.History))
+	abandoned := second.History[2]
+	require.Equal(t, recovery.TransitionTakenOver, abandoned.Kind)
+	require.Equal(t, second.Owner, abandoned.Owner, "the taker's owner token")
+	require.Contains(t, abandoned.Error, "lease expired", "a lease that ran out is named")
+	require.False(t, abandoned.At.Before(claimed.At))
+
+	require.NoError(t, b.store.Release(b.ctx, second.Fence(), "try again"))
+	third, outcome := b.claim(t, p)
+	require.Equal(t, recovery.OutcomeTakeover, outcome)
+	last := third.History[len(third.History)-1]
+	require.Equal(t, recovery.TransitionTakenOver, last.Kind)
+	require.Equal(t, third.Owner, last.Owner)
+	require.Empty(t, last.Error, "a released lease was not abandoned")
+
+	require.Equal(t, third.History, b.load(t, key).History, "Load reads what the claim returned")
+}
+
+func TestHistoryKeepsTheLatestMaxHistory(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{}`)
+	rec, _ := b.claim(t, p)
+	takeovers := recovery.MaxHistory + 5
+	for range takeovers {
+		b.expire(t, key)
+		rec, _ = b.claim(t, p)
+	}
+	require.Equal(t, recovery.MaxHistory, len(rec.History))
+	require.Equal(t, 1+2*takeovers-recovery.MaxHistory, rec.HistoryTruncated, "the claim and the oldest transitions were dropped")
+	require.Equal(t, rec.Owner, rec.History[recovery.MaxHistory-1].Owner, "newest last")
+	for i, tr := range rec.History {
+		want := []recovery.TransitionKind{recovery.TransitionLeaseExpired, recovery.TransitionTakenOver}[i%2]
+		require.Equal(t, want, tr.Kind, "entry %d", i)
+		if i > 0 {
+			require.False(t, tr.At.Before(rec.History[i-1].At), "entry %d is in order", i)
+		}
+	}
+}
+
+// A build from before migration 0014 calls the claim function of 0012's
+// signature, which still creates a record: with no trace context and no
+// history.
+func TestClaimOfAnOlderBuildStillWorks(t *testing.T) {
+	b := setup(t)
+	var owner uuid.UUID
+	require.NoError(t, b.db.QueryRow(b.ctx, `SELECT owner FROM onceflow_claim('acme', 'k1', gen_random_uuid(), 'checkout',
+		'\x00', '{}', gen_random_uuid(), 30000000, 'abandoned', NULL, NULL, true)`).Scan(&owner))
+	rec := b.load(t, recovery.Key{Tenant: "acme", ID: "k1"})
+	require.Equal(t, owner, rec.Owner)
+	require.Empty(t, rec.TraceParent)
+	require.Empty(t, rec.History)
+}
+
+// kinds lists the kinds of h.
+func kinds(h []recovery.Transition) []recovery.TransitionKind {
+	out := make([]recovery.TransitionKind, len(h))
+	for i, tr := range h {
+		out[i] = tr.Kind
+	}
+	return out
+}
+
+// last returns key's newest transition.
+func (b *bundle) last(t *testing.T, key recovery.Key) recovery.Transition {
+	t.Helper()
+	h := b.load(t, key).History
+	require.NotEmpty(t, h)
+	return h[len(h)-1]
+}
+
+func TestHistoryRecordsEachTransitionOfAnAttempt(t *testing.T) {
+	b := setup(t)
+	engine := seam.StoreOf(b.store)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{"amount": 100}`)
+	rec, _ := b.claim(t, p)
+
+	require.NoError(t, b.store.Advance(b.ctx, rec.Fence(), "reserve", []byte(`{"n": 1}`)))
+	require.Equal(t, recovery.Transition{At: b.last(t, key).At, Kind: recovery.TransitionPhaseCommitted, Owner: rec.Owner, Step: "reserve"},
+		b.last(t, key))
+
+	_, err := b.store.Renew(b.ctx, rec.Fence(), 0)
+	require.NoError(t, err)
+	require.Len(t, b.load(t, key).History, 2, "a renewal in time is no transition")
+	b.expire(t, key)
+	_, err = b.store.Renew(b.ctx, rec.Fence(), 0)
+	require.NoError(t, err)
+	late := b.last(t, key)
+	require.Equal(t, recovery.TransitionRenewedLate, late.Kind)
+	require.Equal(t, rec.Owner, late.Owner)
+	require.Contains(t, late.Error, "the lease had ended")
+
+	require.NoError(t, b.store.Release(b.ctx, rec.Fence(), "card network down"))
+	released := b.last(t, key)
+	require.Equal(t, recovery.Transition{At: released.At, Kind: recovery.TransitionReleased, Owner: rec.Owner, Step: "reserve",
+		Error: "card network down"}, released, "the owner that released, not the retired token")
+
+	rec, _ = b.claim(t, p)
+	require.NoError(t, engine.HandBack(b.ctx, rec.Fence(), "caller went away"))
+	rec, _ = b.claim(t, p)
+	_, err = engine.HandBackFor(b.ctx, rec.Fence(), 0, "come back later", true)
+	require.NoError(t, err)
+	rec, _ = b.claim(t, p)
+	require.NoError(t, engine.Park(b.ctx, rec.Fence(), "the definition changed"))
+	parked := b.load(t, key)
+	require.NoError(t, b.store.Unpark(b.ctx, parked.Fence(), "fp2", "an operator chose fp2"))
+	resumed := b.last(t, key)
+	require.Equal(t, parked.Owner, resumed.Owner)
+	require.Equal(t, "fp2", resumed.Definition)
+
+	rec, _ = b.claim(t, p)
+	require.NoError(t, engine.Restamp(b.ctx, rec.Fence(), "fp2", "reserve", nil))
+	require.Equal(t, "fp2", b.last(t, key).Definition)
+	require.NoError(t, engine.Compensate(b.ctx, rec.Fence(), []string{"charge", "reserve"}, jsonResponse, nil, "card declined"))
+	require.Equal(t, "card declined", b.last(t, key).Error)
+	finished, err := engine.Undone(b.ctx, rec.Fence(), "charge", []byte(`{}`))
+	require.NoError(t, err)
+	require.False(t, finished)
+	finished, err = engine.Undone(b.ctx, rec.Fence(), "reserve", []byte(`{}`))
+	require.NoError(t, err)
+	require.True(t, finished)
+
+	h := b.load(t, key).History
+	require.Equal(t, []recovery.TransitionKind{
+		recovery.TransitionClaimed, recovery.TransitionPhaseCommitted, recovery.TransitionLeaseExpired,
+		recovery.TransitionRenewedLate, recovery.TransitionReleased,
+		recovery.TransitionTakenOver, recovery.TransitionHandedBack,
+		recovery.TransitionTakenOver, recovery.TransitionDeferred,
+		recovery.TransitionTakenOver, recovery.TransitionParked, recovery.TransitionResumedAs,
+		recovery.TransitionTakenOver, recovery.TransitionRestamped, recovery.TransitionCompensating,
+		recovery.TransitionUndone, recovery.TransitionUndone, recovery.TransitionCompensated,
+	}, kinds(h))
+	require.Equal(t, "charge", h[15].Step)
+	require.Equal(t, "reserve", h[16].Step)
+	for i := 1; i < len(h); i++ {
+		require.False(t, h[i].At.Before(h[i-1].At), "entry %d is in order", i)
+	}
+}
+
+func TestHistoryNamesHowARecordFinished(t *testing.T) {
+	b := setup(t)
+	engine := seam.StoreOf(b.store)
+	claim := func(id string) (recovery.Key, *recovery.Record) {
+		key := recovery.Key{Tenant: "acme", ID: id}
+		rec, _ := b.claim(t, params(t, key, `{}`))
+		return key, rec
+	}
+	failure := recovery.Response{Status: 500, Body: []byte("no")}
+
+	key, rec := claim("completed")
+	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), jsonResponse))
+	require.Equal(t, recovery.TransitionCompleted, b.last(t, key).Kind)
+
+	key, rec = claim("completed-after")
+	require.NoError(t, engine.CompleteAfter(b.ctx, rec.Fence(), "ship", []byte(`{}`), jsonResponse))
+	require.Equal(t, recovery.Transition{At: b.last(t, key).At, Kind: recovery.TransitionCompleted, Owner: rec.Owner, Step: "ship"},
+		b.last(t, key))
+
+	key, rec = claim("failed")
+	long := strings.Repeat("é", recovery.MaxHistoryError+50)
+	require.NoError(t, b.store.Fail(b.ctx, rec.Fence(), failure, long))
+	failed := b.last(t, key)
+	require.Equal(t, recovery.TransitionFailed, failed.Kind)
+	require.Equal(t, strings.Repeat("é", recovery.MaxHistoryError), failed.Error, "cut to MaxHistoryError characters")
+	require.Equal(t, long, b.load(t, key).LastError, "the last error keeps it whole")
+
+	key, rec = claim("released-by-operator")
+	b.expire(t, key)
+	require.NoError(t, engine.ReleaseLeaseOver(b.ctx, rec.Fence(), "released by an operator: stuck"))
+	require.Equal(t, recovery.TransitionReleasedByOperator, b.last(t, key).Kind)
+	rec, _ = b.claim(t, params(t, key, `{}`))
+	require.NoError(t, engine.ForceRelease(b.ctx, rec.Fence(), "released by an operator: forced"))
+	require.Equal(t, recovery.Transition{At: b.last(t, key).At, Kind: recovery.TransitionReleasedByOperator, Owner: rec.Owner,
+		Error: "released by an operator: forced"}, b.last(t, key))
+
+	key, rec = claim("failed-by-operator")
+	b.expire(t, key)
+	require.NoError(t, engine.FailLeaseOver(b.ctx, rec.Fence(), failure, "failed by an operator"))
+	require.Equal(t, recovery.TransitionFailedByOperator, b.last(t, key).Kind)
+
+	key, rec = claim("forced-fail")
+	require.NoError(t, engine.ForceFail(b.ctx, rec.Fence(), failure, "failed by an operator: forced"))
+	require.Equal(t, recovery.TransitionFailedByOperator, b.last(t, key).Kind)
+}
