@@ -257,15 +257,24 @@ func (a *Admin) pageKey(w http.ResponseWriter, r *http.Request) {
 // event is one point of a record's timeline.
 type event struct {
 	At     time.Time
-	Kind   string // claimed, phase_committed, released, completed, ...
+	Kind   string // a recovery.TransitionKind, or "created", "last_error" for a record without history
 	Step   string
+	Owner  string // the owner token's first characters, "" when unknown
 	Detail string
 }
 
-// timeline is what the record says happened to it, oldest first: its
-// creation, the step it last committed, its last error and how it
+// timeline is what happened to the record, oldest first: its history
+// (migration 0014), or for a record written before it, what its fields
+// say: its creation, the step it last committed, its last error and how it
 // finished.
 func timeline(d *Detail) []event {
+	if len(d.History) > 0 {
+		events := make([]event, len(d.History))
+		for i, tr := range d.History {
+			events[i] = event{At: tr.At, Kind: string(tr.Kind), Step: tr.Step, Owner: tr.Owner.String()[:8], Detail: tr.Error}
+		}
+		return events
+	}
 	events := []event{{At: d.CreatedAt, Kind: "created"}}
 	if d.RecoveryPoint != "" {
 		events = append(events, event{At: d.UpdatedAt, Kind: "phase_committed", Step: d.RecoveryPoint})

@@ -64,7 +64,8 @@ func css(sel string) chromedp.CSS { return chromedp.CSS(sel) }
 // refuses the action: 400, the dialog shows it and the record stays); the
 // JavaScript not reloading after a success (no notice); the key's link
 // built without escaping (the detail of "order/42?x=1" is not found);
-// <base href> left out (the links resolve outside /ops/: 404).
+// <base href> left out (the links resolve outside /ops/: 404); the
+// timeline built from the record's fields although it has a history.
 func TestConsoleListDetailRelease(t *testing.T) {
 	b := setup(t, admin.Config{})
 	odd := key("acme corp", "order/42?x=1")
@@ -84,7 +85,8 @@ func TestConsoleListDetailRelease(t *testing.T) {
 	require.Equal(t, stuck.Owner.String(), tab.Text(t, "#owner"))
 	require.Equal(t, "0", tab.Text(t, "#attempts"))
 	require.Contains(t, tab.Text(t, "#request"), `"order": "order/42?x=1"`)
-	require.Contains(t, tab.Text(t, "#timeline"), "created")
+	require.Contains(t, tab.Text(t, "#timeline"), "claimed")
+	require.Contains(t, tab.Text(t, "#timeline"), "lease_expired")
 
 	// Release it, with a confirmation.
 	tab.Do(t, chromedp.Click(css(`button[data-action="release"]`)), chromedp.WaitVisible(css("#confirm")))
@@ -94,6 +96,8 @@ func TestConsoleListDetailRelease(t *testing.T) {
 	require.Equal(t, "Release: done.", tab.Text(t, "#notice"))
 	require.Equal(t, "1", tab.Text(t, "#attempts"))
 	require.Contains(t, tab.Text(t, "#last-error"), "provider outage, INC-7")
+	require.Contains(t, tab.Text(t, "#timeline li:last-child"), "released_by_operator")
+	require.Contains(t, tab.Text(t, "#timeline li:last-child"), "provider outage, INC-7")
 
 	rec := b.load(t, odd)
 	require.Equal(t, recovery.StatusInFlight, rec.Status)
@@ -267,7 +271,8 @@ func outboxOf(t *testing.T) *outbox.Outbox {
 // keep them from being framed.
 //
 // Mutations caught: the Content-Security-Policy or X-Frame-Options header
-// dropped; the listing not defaulting to recent work first; an unknown key rendered as 200; the console's filter passing
+// dropped; the listing not defaulting to recent work first; the timeline
+// of a record without history left empty; an unknown key rendered as 200; the console's filter passing
 // the form's empty fields on (a filter with an empty created_from is 400).
 func TestConsolePages(t *testing.T) {
 	b := setup(t, admin.Config{})
@@ -304,6 +309,16 @@ func TestConsolePages(t *testing.T) {
 
 	resp, body = get("?created_from=2026-12-01T10:00", "console-reader")
 	require.Equal(t, 200, resp.StatusCode, "a datetime-local value is a filter: %s", body)
+
+	// A record written before migration 0014 has no history: its timeline
+	// is what its fields say.
+	_, err := b.db.Exec(b.ctx, `UPDATE onceflow_keys SET history = NULL WHERE key = 'order-2'`)
+	require.NoError(t, err)
+	resp, body = get("keys/acme/order-2", "console-reader")
+	require.Equal(t, 200, resp.StatusCode, body)
+	require.Contains(t, body, "it has no history")
+	require.Contains(t, body, `event-created`)
+	require.Contains(t, body, `event-completed`)
 
 	resp, body = get("keys/acme/nope", "console-reader")
 	require.Equal(t, 404, resp.StatusCode)
