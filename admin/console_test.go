@@ -272,7 +272,8 @@ func outboxOf(t *testing.T) *outbox.Outbox {
 //
 // Mutations caught: the Content-Security-Policy or X-Frame-Options header
 // dropped; the listing not defaulting to recent work first; the timeline
-// of a record without history left empty; an unknown key rendered as 200; the console's filter passing
+// of a record without history left empty; a stuck_for below 1µs let
+// through (it lists finished records too); an unknown key rendered as 200; the console's filter passing
 // the form's empty fields on (a filter with an empty created_from is 400).
 func TestConsolePages(t *testing.T) {
 	b := setup(t, admin.Config{})
@@ -325,6 +326,9 @@ func TestConsolePages(t *testing.T) {
 	require.Contains(t, body, `id="error"`)
 	resp, _ = get("?stuck_for=ten", "console-reader")
 	require.Equal(t, 400, resp.StatusCode)
+	resp, body = get("?stuck_for=1ns", "console-reader")
+	require.Equal(t, 400, resp.StatusCode, "below the database's microseconds it would match everything")
+	require.Contains(t, body, "at least 1µs")
 	resp, _ = get("", "")
 	require.Equal(t, 401, resp.StatusCode, "the console is behind Authorize")
 	resp, _ = get("static/console.js", "")
