@@ -50,7 +50,7 @@ var failedResponse = workflow.Problem(http.StatusInternalServerError, "the opera
 func (a *Admin) Release(ctx context.Context, key recovery.Key, act Action) (*Record, error) {
 	return a.act(ctx, "release", key, act, func(f recovery.Fence, forced bool) error {
 		if forced {
-			return a.store.Release(ctx, f, act.reason("released"))
+			return a.ops.ForceRelease(ctx, f, act.reason("released"))
 		}
 		return a.ops.ReleaseLeaseOver(ctx, f, act.reason("released"))
 	})
@@ -63,7 +63,7 @@ func (a *Admin) Release(ctx context.Context, key recovery.Key, act Action) (*Rec
 func (a *Admin) Fail(ctx context.Context, key recovery.Key, act Action) (*Record, error) {
 	return a.act(ctx, "fail", key, act, func(f recovery.Fence, forced bool) error {
 		if forced {
-			return a.store.Fail(ctx, f, failedResponse, act.reason("failed"))
+			return a.ops.ForceFail(ctx, f, failedResponse, act.reason("failed"))
 		}
 		return a.ops.FailLeaseOver(ctx, f, failedResponse, act.reason("failed"))
 	})
@@ -79,7 +79,7 @@ func (a *Admin) Fail(ctx context.Context, key recovery.Key, act Action) (*Record
 func (a *Admin) ResumeNow(ctx context.Context, key recovery.Key, act Action) (*Record, error) {
 	rec, err := a.act(ctx, "resume", key, act, func(f recovery.Fence, forced bool) error {
 		if forced {
-			return a.store.Release(ctx, f, act.reason("resumed"))
+			return a.ops.ForceRelease(ctx, f, act.reason("resumed"))
 		}
 		return a.ops.ReleaseLeaseOver(ctx, f, act.reason("resumed"))
 	})

@@ -60,6 +60,14 @@ func TestActionsRefuseALiveLeaseUnlessForced(t *testing.T) {
 	require.NotEqual(t, rec.Owner, got.Owner)
 	require.ErrorIs(t, b.store.Advance(b.ctx, rec.Fence(), "create_order", []byte(`{}`)), recovery.ErrLeaseLost,
 		"the holder is fenced out")
+	h := b.load(t, k).History
+	require.Equal(t, recovery.TransitionReleasedByOperator, h[len(h)-1].Kind, "the history names the operator, forced or not")
+
+	rec = b.claim(t, k, "checkout")
+	_, err = b.admin.Fail(b.ctx, k, admin.Action{Owner: rec.Owner, Force: true, Reason: "refunded by hand"})
+	require.NoError(t, err)
+	h = b.load(t, k).History
+	require.Equal(t, recovery.TransitionFailedByOperator, h[len(h)-1].Kind)
 }
 
 func TestReleaseAndFail(t *testing.T) {

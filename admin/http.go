@@ -58,7 +58,7 @@ func (a *Admin) Handler() http.Handler {
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, "no such API endpoint: "+r.Method+" "+r.URL.Path)
 	})
-	// The console's pages are mounted here, at "/", behind the same guard.
+	a.mountConsole(mux)
 	return a.guard(mux)
 }
 

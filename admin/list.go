@@ -70,6 +70,11 @@ func (f Filter) validate() error {
 	if f.StuckFor < 0 {
 		return fmt.Errorf("%w: stuck_for must not be negative", ErrInvalidInput)
 	}
+	if f.StuckFor > 0 && f.StuckFor < time.Microsecond {
+		// The database compares in microseconds: less would be 0, which
+		// means no filter, and list every record.
+		return fmt.Errorf("%w: stuck_for must be at least 1µs", ErrInvalidInput)
+	}
 	return nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/onceflow/onceflow/admin"
 	"github.com/onceflow/onceflow/metrics"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/sweeper"
@@ -29,6 +30,7 @@ type sweeperFlags struct {
 	abandonedRet            time.Duration
 	batchSize               int
 	metricsAddr             string
+	adminAddr, adminTokens  string
 	once                    bool
 }
 
@@ -45,8 +47,15 @@ resume (its own sweeper.Completer does), and parked records, which wait for an
 operator (keys resume, release or fail). Metrics and a health check are served on
 --metrics-addr. SIGINT or SIGTERM stops it gracefully.
 
+--admin-addr serves the web console and the admin JSON API (see docs/admin.md) to
+the operators whose tokens --admin-tokens lists, one "TOKEN ROLE" a line, ROLE read
+or write, a token at least 24 characters. Programs send a token as a bearer token;
+a browser asks for it as the password (any user name). There is no default: the
+console needs the tokens file.
+
 Schedules are cron specs ("*/5 * * * *") or descriptors ("@every 1m", "@hourly").`,
 		Example: `  onceflow sweeper --retention 48h --metrics-addr :9464
+  onceflow sweeper --admin-addr 127.0.0.1:9465 --admin-tokens /etc/onceflow/operators
   onceflow sweeper --once`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error { return runSweeper(cmd.Context(), opts, f) },
@@ -61,6 +70,8 @@ Schedules are cron specs ("*/5 * * * *") or descriptors ("@every 1m", "@hourly")
 		"also delete keys in flight that store no request (HTTP middleware claims) whose lease ended longer ago than this (default: keep them)")
 	cmd.Flags().IntVar(&f.batchSize, "batch-size", sweeper.PruneBatchDefault, "rows one prune statement deletes at most")
 	cmd.Flags().StringVar(&f.metricsAddr, "metrics-addr", "", "serve /metrics and /healthz on this address, e.g. :9464")
+	cmd.Flags().StringVar(&f.adminAddr, "admin-addr", "", "serve the web console and the admin API on this address, e.g. 127.0.0.1:9465 (needs --admin-tokens)")
+	cmd.Flags().StringVar(&f.adminTokens, "admin-tokens", "", `file of the operators' tokens for --admin-addr: each line "TOKEN ROLE", ROLE read or write`)
 	cmd.Flags().BoolVar(&f.once, "once", false, "run each task once and exit")
 	return cmd
 }
@@ -68,6 +79,18 @@ Schedules are cron specs ("*/5 * * * *") or descriptors ("@every 1m", "@hourly")
 func runSweeper(ctx context.Context, opts *options, f sweeperFlags) error {
 	if f.retention <= 0 || f.batchSize <= 0 {
 		return usageError{errors.New("--retention and --batch-size must be positive")}
+	}
+	var tokens *admin.Tokens
+	switch {
+	case f.adminAddr != "" && f.adminTokens == "":
+		return usageError{errors.New("--admin-addr needs --admin-tokens: the console acts on every key, and nobody may use it without a token")}
+	case f.adminAddr != "" && f.once:
+		return usageError{errors.New("--admin-addr serves until stopped; --once exits after one run")}
+	case f.adminAddr != "":
+		var err error
+		if tokens, err = admin.LoadTokens(f.adminTokens); err != nil {
+			return usageError{err}
+		}
 	}
 	db, err := opts.connect(ctx)
 	if err != nil {
@@ -123,6 +146,13 @@ func runSweeper(ctx context.Context, opts *options, f sweeperFlags) error {
 		go func() { _ = srv.Serve(listener) }()
 		logger.Info("serving metrics and health", slog.String("addr", listener.Addr().String()))
 	}
+	if tokens != nil {
+		console, err := serveConsole(db, opts.schema, tokens, f.adminAddr, logger)
+		if err != nil {
+			return err
+		}
+		defer shutdown(console)
+	}
 	if err := s.Start(ctx); err != nil {
 		return err
 	}
@@ -130,11 +160,33 @@ func runSweeper(ctx context.Context, opts *options, f sweeperFlags) error {
 	logger.Info("stopping")
 	s.Stop()
 	if srv != nil {
-		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdownCtx)
+		shutdown(srv)
 	}
 	return nil
+}
+
+// serveConsole serves the web console and the admin API on addr, to the
+// operators tokens lets in.
+func serveConsole(db *pgxpool.Pool, schema string, tokens *admin.Tokens, addr string, logger *slog.Logger) (*http.Server, error) {
+	a, err := admin.New(db, admin.Config{Schema: schema, Authorize: tokens.Authorize, Logger: logger})
+	if err != nil {
+		return nil, usageError{err}
+	}
+	listener, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin address: %w", err)
+	}
+	srv := &http.Server{Handler: admin.Challenge("onceflow", a.Handler()), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(listener) }()
+	logger.Info("serving the admin console", slog.String("addr", listener.Addr().String()))
+	return srv, nil
+}
+
+// shutdown stops srv, waiting a few seconds for the requests it serves.
+func shutdown(srv *http.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(ctx)
 }
 
 // checkMigrated refuses to start on a schema behind this build, with the

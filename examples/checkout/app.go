@@ -175,19 +175,33 @@ func (a *app) createOrder(ctx context.Context, tx pgx.Tx, r *phase.Run[CheckoutR
 	return err
 }
 
+// post sends body as JSON to the provider's path, with key as its
+// Idempotency-Key.
+func (a *app) post(ctx context.Context, path, key string, body any) (*http.Response, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.provider+path, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	foreign.SetHeader(req, key)
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("payment provider: %w", err)
+	}
+	return resp, nil
+}
+
 // charge asks the provider for the money, with the derived key as its
 // Idempotency-Key: a retry of this step is the same charge.
 func (a *app) charge(ctx context.Context, c *foreign.Call[CheckoutRequest, CheckoutState]) error {
-	body, _ := json.Marshal(ChargeRequest{AmountCents: c.Request.AmountCents, Currency: c.Request.Currency, CardToken: c.Request.CardToken})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.provider+"/charges", bytes.NewReader(body))
+	resp, err := a.post(ctx, "/charges", c.Key,
+		ChargeRequest{AmountCents: c.Request.AmountCents, Currency: c.Request.Currency, CardToken: c.Request.CardToken})
 	if err != nil {
 		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	foreign.SetHeader(req, c.Key)
-	resp, err := a.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("payment provider: %w", err)
 	}
 	defer resp.Body.Close()
 	switch resp.StatusCode {
@@ -212,16 +226,9 @@ func (a *app) charge(ctx context.Context, c *foreign.Call[CheckoutRequest, Check
 // nothing to undo, and neither is one refunded already: the provider
 // answers 404 (and refuses that charge if it arrives later) or 409.
 func (a *app) refund(ctx context.Context, c *foreign.Call[CheckoutRequest, CheckoutState]) error {
-	body, _ := json.Marshal(RefundRequest{ChargeKey: c.Compensates})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.provider+"/refunds", bytes.NewReader(body))
+	resp, err := a.post(ctx, "/refunds", c.Key, RefundRequest{ChargeKey: c.Compensates})
 	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	foreign.SetHeader(req, c.Key)
-	resp, err := a.client.Do(req)
-	if err != nil {
-		return refundLater(c.Attempt, fmt.Errorf("payment provider: %w", err))
+		return refundLater(c.Attempt, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusConflict {

@@ -56,6 +56,10 @@ line of FILE is "TOKEN TENANT"; an X-Tenant-ID header is ignored); with
 With neither, serve makes one API key for tenant demo and prints it as
 "export CHECKOUT_API_KEY=...". A missing or unknown key is 401.
 
+With --operator-token-file FILE, the operators' console (package admin) is at
+/ops/: the token in FILE (24 characters or more) opens it read-write, as a bearer
+token or, in a browser, as the password; a tenant's API key is refused (403).
+
 Without --database-url, serve starts a throwaway PostgreSQL, which it stops on
 exit, and prints its URL as "export ONCEFLOW_DATABASE_URL=...", for the
 onceflow command (onceflow keys list, onceflow outbox list).`,
@@ -75,6 +79,7 @@ onceflow command (onceflow keys list, onceflow outbox list).`,
 	flags.StringVar(&f.crashAt, "crash-at", "", `exit at once (code 3) at this crash point, e.g. "after charge's compensation call" (the refund's)`)
 	flags.StringVar(&f.stopAfter, "stop-after", "", "for tests: stop (SIGSTOP to itself) once right after this step, until a SIGCONT")
 	flags.StringVar(&f.apiKeys, "api-keys", "", "file of API keys, one \"TOKEN TENANT\" a line; requests send Authorization: Bearer TOKEN (default: one new key for tenant demo, printed)")
+	flags.StringVar(&f.operatorTokenFile, "operator-token-file", "", "file holding the operators' token: it opens the console at /ops/, read-write (default: the console is off)")
 	flags.BoolVar(&f.trustTenantHeader, "trust-tenant-header", false, "take the tenant from the X-Tenant-ID header instead of an API key: only behind a proxy that authenticates clients and sets it")
 	flags.DurationVar(&f.limits.read, "read-timeout", defaultLimits.read, "how long a client may take to send a request (its headers: at most 10s of it)")
 	flags.DurationVar(&f.limits.write, "write-timeout", defaultLimits.write, "how long a request may take from its headers read to its answer written")

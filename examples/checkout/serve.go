@@ -34,7 +34,7 @@ const crashExitCode = 3
 type serveFlags struct {
 	addr, databaseURL, providerURL, crashAfter, crashAt, stopAfter string
 	lease, sweepEvery, dbTimeout                                   time.Duration
-	apiKeys                                                        string
+	apiKeys, operatorTokenFile                                     string
 	trustTenantHeader                                              bool
 	limits                                                         serverLimits
 }
@@ -48,6 +48,10 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 		}
 	}
 	auth, err := authFrom(f, stdout, logger)
+	if err != nil {
+		return err
+	}
+	ops, err := operatorsFrom(f)
 	if err != nil {
 		return err
 	}
@@ -107,6 +111,9 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/checkouts", authenticated(auth, checkouts))
 	mux.Handle("GET /v1/orders/{order_id}", authenticated(auth, http.HandlerFunc(a.getOrder)))
+	if err := mountConsole(mux, ops, db, engine, auth, logger); err != nil {
+		return err
+	}
 
 	s, err := newSweeper(db, engine, a, f.sweepEvery, logger)
 	if err != nil {

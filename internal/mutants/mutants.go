@@ -579,7 +579,7 @@ var mutants = []Mutant{
 		Name:   "history-unbounded",
 		Breaks: "the history keeps every transition instead of the latest MaxHistory",
 		Edits: []Edit{{File: "migrations/sql/0014_history.up.sql",
-			Old: "jsonb_path_query_array(e, '$[last - 49 to last]')", New: "e"}},
+			Old: "jsonb_path_query_array(entries, '$[last - 49 to last]')", New: "entries"}},
 		Pkg: "./recovery", Run: "^TestHistoryKeepsTheLatestMaxHistory$",
 	},
 	{

@@ -23,16 +23,26 @@ ALTER TABLE {schema}.onceflow_keys
     ADD COLUMN history jsonb,
     ADD COLUMN trace_parent text CHECK (octet_length(trace_parent) BETWEEN 1 AND 255);
 
+-- onceflow_history is PL/pgSQL, not SQL: its plans are kept for the
+-- session, where a SQL function with a subquery would be planned again in
+-- every statement that calls it.
 CREATE FUNCTION {schema}.onceflow_history(
     h jsonb, p_kind text, p_owner uuid, p_step text DEFAULT NULL, p_error text DEFAULT NULL, p_definition text DEFAULT NULL)
 RETURNS jsonb
-LANGUAGE sql VOLATILE AS $onceflow_history$
-    SELECT jsonb_build_object(
-        'truncated', coalesce((h->>'truncated')::bigint, 0) + greatest(jsonb_array_length(e) - 50, 0),
-        'entries', CASE WHEN jsonb_array_length(e) > 50 THEN jsonb_path_query_array(e, '$[last - 49 to last]') ELSE e END)
-    FROM (SELECT coalesce(h->'entries', '[]') || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+LANGUAGE plpgsql VOLATILE AS $onceflow_history$
+DECLARE
+    entries jsonb := coalesce(h->'entries', '[]') || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
         'at', clock_timestamp(), 'kind', p_kind, 'owner', p_owner, 'step', p_step,
-        'error', left(p_error, 200), 'definition', p_definition))) AS e) AS appended
+        'error', left(p_error, 200), 'definition', p_definition)));
+    truncated bigint := coalesce((h->>'truncated')::bigint, 0);
+    n int := jsonb_array_length(entries);
+BEGIN
+    IF n > 50 THEN
+        entries := jsonb_path_query_array(entries, '$[last - 49 to last]');
+        truncated := truncated + n - 50;
+    END IF;
+    RETURN jsonb_build_object('truncated', truncated, 'entries', entries);
+END
 $onceflow_history$;
 
 CREATE OR REPLACE FUNCTION {schema}.onceflow_take_over(
