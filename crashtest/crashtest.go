@@ -319,6 +319,17 @@ func (c Case[Req, State]) experiment(ctx context.Context, d deployment[Req, Stat
 	case <-ctx.Done():
 		return false, fmt.Errorf("waiting for the crash: %w", ctx.Err())
 	}
+	if point.Kind == workflow.BeforeCommit {
+		// The killed attempt rolls its transaction back on its way out, as
+		// the server would once its connection closed; until then its
+		// uncommitted claim holds the key's row, and a recovery meeting it
+		// would be answered "in flight" (on a loaded machine, often).
+		select {
+		case <-zombie.done:
+		case <-ctx.Done():
+			return false, fmt.Errorf("waiting for the killed attempt to roll back: %w", ctx.Err())
+		}
+	}
 
 	recovering := d.recovering(world)
 	engine, err := workflow.NewEngine(world.DB, c.recoveryConfig(recovering))
