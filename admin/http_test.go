@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"io"
@@ -264,4 +265,35 @@ func TestNewRefusesOpenAccess(t *testing.T) {
 	require.Contains(t, err.Error(), "Authorize")
 	_, err = admin.New(nil, admin.Config{Authorize: tokens, MaxBulk: admin.MaxBulkLimit + 1})
 	require.ErrorIs(t, err, admin.ErrInvalidInput)
+}
+
+// TestHTTPRefusesTextTheDatabaseCannotHold: a filter or cursor holding a
+// NUL byte or invalid UTF-8 is the operator's mistake, a 400 that says
+// which field, not a query that fails as a 500 and an error in the log.
+//
+// Mutation caught: checkText not called by Filter.validate, decodeCursor
+// or Dead (each case answers 500).
+func TestHTTPRefusesTextTheDatabaseCannotHold(t *testing.T) {
+	b := setup(t, admin.Config{})
+	srv := server(t, b)
+	b.stuck(t, key("acme", "order-1"), "checkout")
+	cursor := func(tenant string) string {
+		raw, err := json.Marshal(map[string]string{"u": "2026-01-01T00:00:00Z", "t": tenant, "k": "order-1"})
+		require.NoError(t, err)
+		return base64.RawURLEncoding.EncodeToString(raw)
+	}
+	for _, path := range []string{
+		"/api/keys?tenant=a%00b",
+		"/api/keys?tenant=%FF",
+		"/api/keys?workflow=%00",
+		"/api/keys?cursor=" + cursor("a\x00b"),
+		"/api/outbox/dead?topic=%00",
+	} {
+		status, body := do(t, srv, call{method: "GET", path: path, token: "reader"})
+		require.Equal(t, 400, status, "%s: %s", path, body)
+	}
+	status, body := do(t, srv, call{method: "POST", path: "/api/bulk/release", token: "writer", body: `{"filter": {"tenant": "a\u0000"}}`})
+	require.Equal(t, 400, status, "%s", body)
+	status, body = do(t, srv, call{method: "GET", path: "/api/keys?cursor=" + cursor("acme"), token: "reader"})
+	require.Equal(t, 200, status, "a cursor of printable text still pages: %s", body)
 }

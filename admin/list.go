@@ -5,7 +5,9 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/recovery"
@@ -67,6 +69,9 @@ func (f Filter) validate() error {
 	if f.Limit < 0 || f.Limit > LimitMax {
 		return fmt.Errorf("%w: limit %d is out of range (0 to %d)", ErrInvalidInput, f.Limit, LimitMax)
 	}
+	if err := checkText(map[string]string{"tenant": f.Tenant, "workflow": f.Workflow}); err != nil {
+		return err
+	}
 	if f.StuckFor < 0 {
 		return fmt.Errorf("%w: stuck_for must not be negative", ErrInvalidInput)
 	}
@@ -74,6 +79,20 @@ func (f Filter) validate() error {
 		// The database compares in microseconds: less would be 0, which
 		// means no filter, and list every record.
 		return fmt.Errorf("%w: stuck_for must be at least 1µs", ErrInvalidInput)
+	}
+	return nil
+}
+
+// checkText refuses a filter's text the database cannot hold (a NUL
+// byte, invalid UTF-8): no record has it, and the query would fail, an
+// operator's mistake answered as the server's (500). It checks no more
+// than that, so that a record written under older input rules can still
+// be found.
+func checkText(fields map[string]string) error {
+	for field, value := range fields {
+		if !utf8.ValidString(value) || strings.ContainsRune(value, 0) {
+			return fmt.Errorf("%w: %s %q is not valid UTF-8 text without NUL bytes", ErrInvalidInput, field, value)
+		}
 	}
 	return nil
 }
@@ -162,6 +181,9 @@ func decodeCursor(s string) (*recovery.ListPosition, error) {
 	if err == nil {
 		err = json.Unmarshal(b, &c)
 	}
+	if err == nil {
+		err = checkText(map[string]string{"tenant": c.Tenant, "key": c.Key})
+	}
 	if err != nil || c.UpdatedAt.IsZero() {
 		return nil, fmt.Errorf("%w: cursor %q is not one a page returned", ErrInvalidInput, s)
 	}
@@ -190,6 +212,9 @@ type DeadPage struct {
 func (a *Admin) Dead(ctx context.Context, f DeadFilter) (*DeadPage, error) {
 	if f.Limit < 0 || f.Limit > LimitMax {
 		return nil, fmt.Errorf("%w: limit %d is out of range (0 to %d)", ErrInvalidInput, f.Limit, LimitMax)
+	}
+	if err := checkText(map[string]string{"topic": f.Topic}); err != nil {
+		return nil, err
 	}
 	limit := f.Limit
 	if limit == 0 {
