@@ -38,7 +38,7 @@ var consolePages = func() map[string]*template.Template {
 
 var consoleFuncs = template.FuncMap{
 	"keyPath": func(tenant, key string) string {
-		return "keys/" + url.PathEscape(tenant) + "/" + url.PathEscape(key)
+		return "keys/" + pathSegment(tenant) + "/" + pathSegment(key)
 	},
 	"when": func(t any) string {
 		switch t := t.(type) {
@@ -60,6 +60,17 @@ var consoleFuncs = template.FuncMap{
 		return out.String()
 	},
 	"live": func(r Record) bool { return r.LockedUntil != nil && r.LockedUntil.After(time.Now()) },
+}
+
+// pathSegment is s escaped as one segment of a relative link. A tenant or
+// key "." or ".." is escaped too: as it is, a browser would resolve it as
+// a dot segment (keys/acme/.. is keys/), and the record's page and actions
+// could not be reached from the console.
+func pathSegment(s string) string {
+	if s == "." || s == ".." {
+		return strings.ReplaceAll(s, ".", "%2E")
+	}
+	return url.PathEscape(s)
 }
 
 // roundAge is d in its largest unit or two: "45s", "12m", "3h05m", "4d".

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -342,4 +345,54 @@ func TestConsolePages(t *testing.T) {
 type page struct {
 	StatusCode int
 	Header     http.Header
+}
+
+// TestConsoleLinksReachDotKeys: a tenant or key "." or ".." (a client may
+// choose such an idempotency key) is reached by the listing's link and
+// acted on by its page's buttons, once a browser has resolved their
+// relative URLs (RFC 3986, as url.ResolveReference does): left as dot
+// segments they would lead to keys/ or to no record at all.
+//
+// Mutation caught: keyPath escaping with url.PathEscape alone (the link
+// resolves to /ops/keys/, a 404, and the release to /ops/api/keys/release).
+func TestConsoleLinksReachDotKeys(t *testing.T) {
+	b := setup(t, admin.Config{})
+	base, err := url.Parse(consoleServer(t, b))
+	require.NoError(t, err)
+	send := func(method string, u *url.URL, body string) (int, string) {
+		req, err := http.NewRequest(method, u.String(), strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer console-writer")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		out, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(out)
+	}
+	attr := regexp.MustCompile(`(href|data-url)="([^"]*)"`)
+	resolve := func(page, prefix string) *url.URL {
+		for _, m := range attr.FindAllStringSubmatch(page, -1) {
+			if ref := html.UnescapeString(m[2]); strings.HasPrefix(ref, prefix) {
+				u, err := url.Parse(ref)
+				require.NoError(t, err)
+				return base.ResolveReference(u)
+			}
+		}
+		t.Fatalf("no link starting %q in the page", prefix)
+		return nil
+	}
+
+	for _, k := range []recovery.Key{key("dots", ".."), key("..", "order-1"), key(".", ".")} {
+		rec := b.stuck(t, k, "checkout")
+		status, listing := send("GET", base.ResolveReference(&url.URL{RawQuery: "tenant=" + url.QueryEscape(k.Tenant)}), "")
+		require.Equal(t, 200, status, listing)
+		status, detail := send("GET", resolve(listing, "keys/"), "")
+		require.Equal(t, 200, status, "%v: the listing's link leads to the record's page: %s", k, detail)
+		require.Contains(t, detail, `data-owner="`+rec.Owner.String()+`"`, "%v", k)
+		status, body := send("POST", resolve(detail, "api/keys/"), ownerBody(rec, false))
+		require.Equal(t, 200, status, "%v: the page's first action acts on the record: %s", k, body)
+		require.NotEqual(t, rec.Owner, b.load(t, k).Owner, "%v: released", k)
+	}
 }
