@@ -142,7 +142,7 @@ func runSweeper(ctx context.Context, opts *options, f sweeperFlags) error {
 		if err != nil {
 			return fmt.Errorf("metrics address: %w", err)
 		}
-		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		srv = newServer(mux)
 		go func() { _ = srv.Serve(listener) }()
 		logger.Info("serving metrics and health", slog.String("addr", listener.Addr().String()))
 	}
@@ -176,10 +176,37 @@ func serveConsole(db *pgxpool.Pool, schema string, tokens *admin.Tokens, addr st
 	if err != nil {
 		return nil, fmt.Errorf("admin address: %w", err)
 	}
-	srv := &http.Server{Handler: admin.Challenge("onceflow", a.Handler()), ReadHeaderTimeout: 5 * time.Second}
+	srv := newServer(admin.Challenge("onceflow", a.Handler()))
 	go func() { _ = srv.Serve(listener) }()
 	logger.Info("serving the admin console", slog.String("addr", listener.Addr().String()))
 	return srv, nil
+}
+
+// The limits of the sweeper's HTTP servers (metrics, console): what one
+// client can make a server hold, a connection and a goroutine, is bounded
+// in time, however slowly it sends its request or reads the answer.
+const (
+	// serverReadTimeout bounds the time to send a request, body included
+	// (the console's are at most admin.MaxBodyBytes); its headers get
+	// serverHeaderTimeout of it. Without it a client that sends a POST's
+	// headers and not its body holds the connection for ever: the server
+	// waits for the body it means to discard, even after a 401.
+	serverReadTimeout   = 10 * time.Second
+	serverHeaderTimeout = 5 * time.Second
+	// serverWriteTimeout bounds a request from its headers read to its
+	// answer written, a bulk action of the console included.
+	serverWriteTimeout = 2 * time.Minute
+	// serverIdleTimeout bounds a kept-alive connection's wait for its next
+	// request.
+	serverIdleTimeout = 2 * time.Minute
+	// serverMaxHeaderBytes bounds a request's headers.
+	serverMaxHeaderBytes = 64 << 10
+)
+
+// newServer is an HTTP server of h within the limits above.
+func newServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: serverHeaderTimeout, ReadTimeout: serverReadTimeout,
+		WriteTimeout: serverWriteTimeout, IdleTimeout: serverIdleTimeout, MaxHeaderBytes: serverMaxHeaderBytes}
 }
 
 // shutdown stops srv, waiting a few seconds for the requests it serves.
