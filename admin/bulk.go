@@ -38,7 +38,9 @@ type Report struct {
 	// Skipped lists those it left alone, and why: their lease is valid,
 	// they changed since they were listed, or they finished.
 	Skipped []Item `json:"skipped,omitempty"`
-	// Errors lists those it could not act on for another reason.
+	// Errors lists those it could not act on for another reason; a
+	// failure of the database's is logged, and its reason here says so,
+	// as the single action's 500 does.
 	Errors []Item `json:"errors,omitempty"`
 	// More reports that the filter matches more than Config.MaxBulk:
 	// run the action again for the rest.
@@ -73,7 +75,7 @@ func (a *Admin) Bulk(ctx context.Context, b Bulk) (*Report, error) {
 	for _, r := range recs {
 		key := recovery.Key{Tenant: r.Tenant, ID: r.Key}
 		_, err := one(ctx, key, Action{Owner: r.Owner, Force: b.Force, Reason: b.Reason})
-		rep.add(Item{Tenant: r.Tenant, Key: r.Key}, err)
+		a.add(rep, Item{Tenant: r.Tenant, Key: r.Key}, err)
 		if ctx.Err() != nil {
 			return rep, ctx.Err()
 		}
@@ -86,8 +88,10 @@ func (f Filter) empty() bool {
 	return f.Tenant == "" && f.Workflow == "" && f.Status == "" && f.StuckFor == 0 && f.CreatedFrom.IsZero() && f.CreatedTo.IsZero()
 }
 
-// add counts one item's outcome.
-func (rep *Report) add(it Item, err error) {
+// add counts one item's outcome in rep. An error that is not one of the
+// outcomes the API names (the database's) is shown as the single action's
+// 500 is, without its text, which goes to the log.
+func (a *Admin) add(rep *Report, it Item, err error) {
 	switch {
 	case err == nil:
 		rep.Done++
@@ -95,7 +99,7 @@ func (rep *Report) add(it Item, err error) {
 		it.Reason = err.Error()
 		rep.Skipped = append(rep.Skipped, it)
 	default:
-		it.Reason = err.Error()
+		_, it.Reason = a.problem(err)
 		rep.Errors = append(rep.Errors, it)
 	}
 }
@@ -165,7 +169,7 @@ func (a *Admin) BulkRetryDead(ctx context.Context, f DeadFilter) (*Report, error
 	}
 	rep := &Report{Matched: len(msgs), More: more}
 	for _, id := range msgs {
-		rep.add(Item{Message: id}, a.RetryDead(ctx, id))
+		a.add(rep, Item{Message: id}, a.RetryDead(ctx, id))
 		if ctx.Err() != nil {
 			return rep, ctx.Err()
 		}

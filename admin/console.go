@@ -145,7 +145,7 @@ func consoleBase(r *http.Request) string {
 // would answer.
 func (a *Admin) pageError(w http.ResponseWriter, r *http.Request, err error) {
 	status := http.StatusInternalServerError
-	detail := "the request failed; the server's log says why"
+	detail := failedDetail
 	switch {
 	case errors.Is(err, ErrInvalidInput):
 		status, detail = http.StatusBadRequest, err.Error()

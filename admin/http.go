@@ -308,23 +308,31 @@ func (a *Admin) reply(w http.ResponseWriter, v any, err error) {
 
 // writeError answers err with the status that says what kind it is.
 func (a *Admin) writeError(w http.ResponseWriter, err error) {
+	status, detail := a.problem(err)
+	writeProblem(w, status, detail)
+}
+
+// failedDetail is what an operator is shown of an error that is not one
+// of the outcomes the API names: the database's text stays in the log.
+const failedDetail = "the request failed; the server's log says why"
+
+// problem is the status that answers err and the detail shown with it:
+// err's text for the outcomes the API names, else failedDetail, and err
+// goes to the log.
+func (a *Admin) problem(err error) (int, string) {
 	var tooBig *http.MaxBytesError
-	status := http.StatusInternalServerError
 	switch {
 	case errors.As(err, &tooBig):
-		status = http.StatusRequestEntityTooLarge
+		return http.StatusRequestEntityTooLarge, err.Error()
 	case errors.Is(err, ErrInvalidInput):
-		status = http.StatusBadRequest
+		return http.StatusBadRequest, err.Error()
 	case errors.Is(err, ErrNotFound), errors.Is(err, ErrMessageNotFound):
-		status = http.StatusNotFound
+		return http.StatusNotFound, err.Error()
 	case errors.Is(err, ErrChanged), errors.Is(err, ErrFinished), errors.Is(err, ErrLeaseLive):
-		status = http.StatusConflict
-	default:
-		a.logger.Error("admin: request failed", "error", err)
-		writeProblem(w, status, "the request failed; the server's log says why")
-		return
+		return http.StatusConflict, err.Error()
 	}
-	writeProblem(w, status, err.Error())
+	a.logger.Error("admin: request failed", "error", err)
+	return http.StatusInternalServerError, failedDetail
 }
 
 // writeProblem answers with an RFC 9457 problem.

@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -296,4 +298,59 @@ func TestHTTPRefusesTextTheDatabaseCannotHold(t *testing.T) {
 	require.Equal(t, 400, status, "%s", body)
 	status, body = do(t, srv, call{method: "GET", path: "/api/keys?cursor=" + cursor("acme"), token: "reader"})
 	require.Equal(t, 200, status, "a cursor of printable text still pages: %s", body)
+}
+
+// TestHTTPBulkReportKeepsTheDatabasesErrorsInTheLog: a record the
+// database refuses to write (here a trigger raises) is counted among a
+// bulk action's errors without the database's text, as the single
+// action's 500 is; the log gets the text.
+//
+// Mutation caught: the report's reason set to err.Error() for every error
+// (the trigger's message reaches the operator and the log has nothing).
+func TestHTTPBulkReportKeepsTheDatabasesErrorsInTheLog(t *testing.T) {
+	b := setup(t, admin.Config{})
+	rec := b.stuck(t, key("boom", "order-1"), "checkout")
+	var log lockedLog
+	a, err := admin.New(b.db, admin.Config{Authorize: tokens, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	require.NoError(t, err)
+	srv := httptest.NewServer(http.StripPrefix("/ops", a.Handler()))
+	t.Cleanup(srv.Close)
+	_, err = b.db.Exec(b.ctx, `
+		CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.tenant_id = 'boom' THEN RAISE EXCEPTION 'internal detail of table onceflow_keys'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_boom BEFORE UPDATE ON onceflow_keys FOR EACH ROW EXECUTE FUNCTION refuse_boom()`)
+	require.NoError(t, err)
+
+	status, body := do(t, srv, call{method: "POST", path: keyPath(rec.Key) + "/release", token: "writer", body: ownerBody(rec, false)})
+	require.Equal(t, 500, status)
+	require.NotContains(t, string(body), "internal detail")
+	status, body = do(t, srv, call{method: "POST", path: "/api/bulk/release", token: "writer", body: `{"filter": {"tenant": "boom"}}`})
+	require.Equal(t, 200, status, "%s", body)
+	var rep admin.Report
+	require.NoError(t, json.Unmarshal(body, &rep))
+	require.Len(t, rep.Errors, 1, "%s", body)
+	require.Equal(t, "order-1", rep.Errors[0].Key)
+	require.NotContains(t, string(body), "internal detail", "the report shows what the single action's 500 shows")
+	require.Equal(t, 2, strings.Count(log.String(), "internal detail"), "the log gets both: %s", log.String())
+}
+
+// lockedLog is a log a server's goroutines write while the test reads it.
+type lockedLog struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
