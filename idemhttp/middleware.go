@@ -15,9 +15,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/internal/lease"
 	"github.com/onceflow/onceflow/internal/seam"
+	"github.com/onceflow/onceflow/internal/tracing"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -94,6 +96,11 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	op := m.operation(r)
+	// The record keeps the trace context of the request that creates it,
+	// so that every later request's trace can be tied to it; the handler
+	// runs in it too.
+	r = r.WithContext(tracing.Extract(r))
+	traceParent := tracing.TraceParent(trace.SpanContextFromContext(r.Context()))
 	claimCtx, cancel := context.WithTimeout(r.Context(), m.dbTimeout)
 	var (
 		rec     *recovery.Record
@@ -101,7 +108,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	)
 	sent, err := lease.Send(claimCtx, m.db, func(conn *pgxpool.Conn) (err error) {
 		rec, outcome, err = seam.StoreOf(m.store).WithConn(conn).Claim(claimCtx, recovery.ClaimParams{Key: who.key, Workflow: op,
-			Fingerprint: fingerprint(op, r, body), Principal: who.principal})
+			Fingerprint: fingerprint(op, r, body), Principal: who.principal, TraceParent: traceParent})
 		return err
 	})
 	cancel()

@@ -110,3 +110,32 @@ func TestWorkflowStoresTheCreatingRequestsTraceContext(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, traceParent, rec.TraceParent, "the first request's, which created the record; the replay changed nothing")
 }
+
+// TestMiddlewareStoresTheCreatingRequestsTraceContext: a key the middleware
+// claims keeps the traceparent of the request that created its record, as
+// a workflow's does; the replay changes nothing, and the handler runs in
+// that trace.
+func TestMiddlewareStoresTheCreatingRequestsTraceContext(t *testing.T) {
+	s := newServer(t, idemhttp.Config{})
+	var seen []string
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		seen = append(seen, trace.SpanContextFromContext(r.Context()).TraceID().String())
+		s.charge(w, r)
+	}
+	const traceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for i, header := range []string{traceParent, "00-11111111111111111111111111111111-2222222222222222-01"} {
+		req, err := http.NewRequest(http.MethodPost, s.url+"/v1/charges", strings.NewReader(`{"amount":1}`))
+		require.NoError(t, err)
+		req.Header = http.Header{"Idempotency-Key": {"k1"}, "X-Tenant-Id": {"acme"}, "Content-Type": {"application/json"},
+			"Traceparent": {header}}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, http.StatusCreated, resp.StatusCode, "request %d", i)
+	}
+	var stored string
+	require.NoError(t, s.db.QueryRow(context.Background(),
+		`SELECT trace_parent FROM onceflow_keys WHERE tenant_id = 'acme' AND key = 'k1'`).Scan(&stored))
+	require.Equal(t, traceParent, stored, "the first request's, which created the record")
+	require.Equal(t, []string{"4bf92f3577b34da6a3ce929d0e0e4736"}, seen, "the handler ran once, in the creating request's trace")
+}
