@@ -18,6 +18,12 @@ import (
 // the rare path.
 const LeaseDefault = 30 * time.Second
 
+// RetentionDefault is how long a finished record is kept after it
+// finished, so that retries keep getting its response: the pruner's
+// default retention (sweeper.PrunerConfig), and the key lifetime the HTTP
+// middleware advertises by default (idemhttp.Config.KeyLifetime).
+const RetentionDefault = 24 * time.Hour
+
 // MaxErrorLength is the longest last_error kept, in bytes; longer messages
 // are cut.
 const MaxErrorLength = 4096

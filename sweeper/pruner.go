@@ -17,7 +17,7 @@ import (
 
 // Defaults for PrunerConfig.
 const (
-	RetentionDefault    = 24 * time.Hour
+	RetentionDefault    = recovery.RetentionDefault
 	PruneBatchDefault   = 1000
 	QueryTimeoutDefault = 10 * time.Second
 	PauseDefault        = 100 * time.Millisecond
