@@ -46,8 +46,10 @@ var DefaultResponseHeaders = []string{
 }
 
 // neverStored are response headers no allow-list keeps: a session cookie
-// replayed to a retry would hand one client's session to another.
-var neverStored = []string{"Set-Cookie", "Set-Cookie2"}
+// replayed to a retry would hand one client's session to another, and
+// Idempotency-Key-Expires (idemhttp.ExpiresHeader) is computed for each
+// answer, so a stored copy would be stale on every replay.
+var neverStored = []string{"Set-Cookie", "Set-Cookie2", "Idempotency-Key-Expires"}
 
 // DBTX runs statements. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
 type DBTX interface {
@@ -64,7 +66,7 @@ type Config struct {
 
 	// ResponseHeaders lists the response headers Complete and Fail keep.
 	// nil means DefaultResponseHeaders; an empty, non-nil slice keeps none.
-	// Set-Cookie is never kept, listed or not.
+	// Set-Cookie and Idempotency-Key-Expires are never kept, listed or not.
 	ResponseHeaders []string
 
 	// Lease is how long a claim holds a key, and how far each Advance

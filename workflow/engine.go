@@ -197,6 +197,10 @@ type Result struct {
 	// Rejected reports a Reject: Response was not stored and the key is
 	// free again.
 	Rejected bool
+	// CompletedAt is when the replayed record finished (the database's
+	// clock); the pruner may forget the key its retention after it. Zero
+	// when Replayed is false.
+	CompletedAt time.Time
 }
 
 // NewEngine returns an engine that stores key records in db.
@@ -411,5 +415,6 @@ func replayed(rec *recovery.Record) *Result {
 		Outcome:     recovery.OutcomeReplay,
 		Failed:      rec.Status == recovery.StatusFailed,
 		Compensated: rec.Status == recovery.StatusCompensated,
+		CompletedAt: rec.CompletedAt,
 	}
 }
