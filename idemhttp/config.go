@@ -117,8 +117,27 @@ type Config struct {
 	// pool's connect_timeout.
 	DBTimeout time.Duration
 
+	// KeyLifetime is how long a finished record is kept, which every
+	// answer about a key that has a record advertises in ExpiresHeader. Set
+	// it to the pruner's Retention (sweeper.PrunerConfig): 0 means
+	// recovery.RetentionDefault (24h), the pruner's default; negative
+	// advertises nothing.
+	KeyLifetime time.Duration
+
+	// MaxWait caps the wait a request may ask for with Prefer: wait=N
+	// (RFC 7240) when its key is in flight: the request polls the key
+	// until it is finished or free, instead of answering 409 at once. 0
+	// means MaxWaitDefault (10s); negative disables waiting.
+	MaxWait time.Duration
+
+	// MaxWaiters bounds the requests waiting at once (Prefer: wait) for
+	// the handlers this middleware wraps; past it, a request answers 409
+	// at once. 0 means MaxWaitersDefault (1000); it must not be negative.
+	MaxWaiters int
+
 	// ResponseHeaders are the response headers stored and replayed. nil
-	// means recovery.DefaultResponseHeaders. Set-Cookie is never stored.
+	// means recovery.DefaultResponseHeaders. Set-Cookie and ExpiresHeader
+	// are never stored.
 	ResponseHeaders []string
 
 	// Logger receives storage failures, responses too large to store and
@@ -127,6 +146,10 @@ type Config struct {
 
 	// Observer, if set, is told of every claim (metrics.Metrics is one).
 	Observer workflow.Observer
+
+	// polled, when set, is called by a waiting request after each claim
+	// that found its key in flight, holding no connection (tests).
+	polled func()
 }
 
 // withDefaults returns cfg with each zero field set to its default. The
@@ -135,6 +158,7 @@ type Config struct {
 func (cfg Config) withDefaults() Config {
 	shared := cfg.shared().withDefaults()
 	cfg.MaxBody, cfg.BodyTimeout, cfg.Logger = shared.MaxBody, shared.BodyTimeout, shared.Logger
+	cfg.KeyLifetime, cfg.MaxWait, cfg.MaxWaiters = shared.KeyLifetime, shared.MaxWait, shared.MaxWaiters
 	cfg.MaxResponse = cmp.Or(cfg.MaxResponse, MaxResponseDefault)
 	cfg.DBTimeout = cmp.Or(cfg.DBTimeout, workflow.DBTimeoutDefault)
 	if cfg.Operation == nil {
@@ -162,7 +186,8 @@ func (cfg Config) validate() error {
 // shared returns the fields of cfg that Workflow has too.
 func (cfg Config) shared() WorkflowConfig {
 	return WorkflowConfig{Tenant: cfg.Tenant, Principal: cfg.Principal, MaxBody: cfg.MaxBody,
-		BodyTimeout: cfg.BodyTimeout, Logger: cfg.Logger}
+		BodyTimeout: cfg.BodyTimeout, Logger: cfg.Logger, KeyLifetime: cfg.KeyLifetime,
+		MaxWait: cfg.MaxWait, MaxWaiters: cfg.MaxWaiters, polled: cfg.polled}
 }
 
 // StoreDefault is the default Config.Store. It stores every final response
@@ -202,6 +227,8 @@ type core struct {
 	optional    bool
 	logger      *slog.Logger
 	observer    workflow.Observer
+	keyLifetime time.Duration // negative: not advertised
+	waits       *waiter
 
 	// notMigratedLogged is set once the handler has logged that the
 	// database is not migrated: said once clearly, not once a request.
@@ -219,6 +246,8 @@ func newCore(cfg WorkflowConfig) *core {
 		bodyTimeout: cfg.BodyTimeout,
 		dbTimeout:   workflow.DBTimeoutDefault,
 		logger:      cfg.Logger,
+		keyLifetime: cfg.KeyLifetime,
+		waits:       &waiter{max: cfg.MaxWait, limit: int64(cfg.MaxWaiters), polled: cfg.polled},
 	}
 }
 
@@ -447,10 +476,13 @@ func writeProblem(w http.ResponseWriter, p *problem) {
 	writeResponse(w, resp, false)
 }
 
-// writeResponse writes resp, marking a replay.
+// writeResponse writes resp, marking a replay. ExpiresHeader is not
+// resp's to say: only the answer (core.expires) says it.
 func writeResponse(w http.ResponseWriter, resp recovery.Response, replayed bool) {
 	for name, values := range resp.Header {
-		w.Header()[name] = values
+		if name != ExpiresHeader {
+			w.Header()[name] = values
+		}
 	}
 	if replayed {
 		w.Header().Set(ReplayedHeader, "true")

@@ -101,23 +101,33 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// runs in it too.
 	r = r.WithContext(tracing.Extract(r))
 	traceParent := tracing.TraceParent(trace.SpanContextFromContext(r.Context()))
-	claimCtx, cancel := context.WithTimeout(r.Context(), m.dbTimeout)
 	var (
 		rec     *recovery.Record
 		outcome recovery.Outcome
+		sent    time.Time
+		params  = recovery.ClaimParams{Key: who.key, Workflow: op,
+			Fingerprint: fingerprint(op, r, body), Principal: who.principal, TraceParent: traceParent}
 	)
-	sent, err := lease.Send(claimCtx, m.db, func(conn *pgxpool.Conn) (err error) {
-		rec, outcome, err = seam.StoreOf(m.store).WithConn(conn).Claim(claimCtx, recovery.ClaimParams{Key: who.key, Workflow: op,
-			Fingerprint: fingerprint(op, r, body), Principal: who.principal, TraceParent: traceParent})
+	claim := func() (err error) {
+		claimCtx, cancel := context.WithTimeout(r.Context(), m.dbTimeout)
+		defer cancel()
+		sent, err = lease.Send(claimCtx, m.db, func(conn *pgxpool.Conn) (err error) {
+			rec, outcome, err = seam.StoreOf(m.store).WithConn(conn).Claim(claimCtx, params)
+			return err
+		})
+		m.observe(op, outcome, err)
 		return err
-	})
-	cancel()
-	m.observe(op, outcome, err)
+	}
+	err := m.waits.await(w, r, claim(), claim)
+	if errors.Is(err, recovery.ErrInFlight) {
+		m.expires(w, time.Time{})
+	}
 	if err != nil {
 		writeProblem(w, m.claimProblem(r, err))
 		return
 	}
 	if outcome == recovery.OutcomeReplay {
+		m.expires(w, rec.CompletedAt)
 		writeResponse(w, *rec.Response, true)
 		return
 	}
@@ -155,6 +165,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery
 	})
 	switch {
 	case errors.Is(err, recovery.ErrLeaseLost):
+		m.expires(w, time.Time{})
 		writeProblem(w, &problem{status: http.StatusConflict, retryAfter: time.Second,
 			detail: "another attempt took this request over; retry to get its answer"})
 	case err != nil:
@@ -163,6 +174,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery
 		writeProblem(w, &problem{status: http.StatusServiceUnavailable, retryAfter: time.Second,
 			detail: "the response could not be stored; retry with the same key"})
 	default:
+		m.expires(w, time.Time{})
 		writeResponse(w, resp, false)
 	}
 }

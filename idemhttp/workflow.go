@@ -48,6 +48,25 @@ type WorkflowConfig struct {
 	// Logger receives runs that failed for want of the database. nil
 	// discards them.
 	Logger *slog.Logger
+
+	// KeyLifetime is how long a finished record is kept, advertised in
+	// ExpiresHeader; set it to the pruner's Retention. 0 means
+	// recovery.RetentionDefault; negative advertises nothing. See
+	// Config.KeyLifetime.
+	KeyLifetime time.Duration
+
+	// MaxWait caps the wait a request may ask for with Prefer: wait=N
+	// while its key is in flight. 0 means MaxWaitDefault; negative
+	// disables waiting. See Config.MaxWait.
+	MaxWait time.Duration
+
+	// MaxWaiters bounds the requests waiting at once; past it, a request
+	// answers 409 at once. 0 means MaxWaitersDefault. See
+	// Config.MaxWaiters.
+	MaxWaiters int
+
+	// polled: see Config.polled.
+	polled func()
 }
 
 // withDefaults returns cfg with each zero field set to its default.
@@ -55,6 +74,9 @@ func (cfg WorkflowConfig) withDefaults() WorkflowConfig {
 	cfg.MaxBody = cmp.Or(cfg.MaxBody, MaxBodyDefault)
 	cfg.BodyTimeout = cmp.Or(cfg.BodyTimeout, BodyTimeoutDefault)
 	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	cfg.KeyLifetime = cmp.Or(cfg.KeyLifetime, recovery.RetentionDefault)
+	cfg.MaxWait = cmp.Or(cfg.MaxWait, MaxWaitDefault)
+	cfg.MaxWaiters = cmp.Or(cfg.MaxWaiters, MaxWaitersDefault)
 	return cfg
 }
 
@@ -63,9 +85,9 @@ func (cfg WorkflowConfig) validate() error {
 	if cfg.Tenant == nil {
 		return ErrNoTenant
 	}
-	if cfg.MaxBody < 0 || cfg.BodyTimeout < 0 {
-		return fmt.Errorf("%w: MaxBody (%d) and BodyTimeout (%s) must not be negative",
-			recovery.ErrInvalidInput, cfg.MaxBody, cfg.BodyTimeout)
+	if cfg.MaxBody < 0 || cfg.BodyTimeout < 0 || cfg.MaxWaiters < 0 {
+		return fmt.Errorf("%w: MaxBody (%d), BodyTimeout (%s) and MaxWaiters (%d) must not be negative",
+			recovery.ErrInvalidInput, cfg.MaxBody, cfg.BodyTimeout, cfg.MaxWaiters)
 	}
 	return nil
 }
@@ -118,10 +140,17 @@ func Workflow[Req, State any](engine *workflow.Engine, wf *workflow.Workflow[Req
 			writeProblem(w, p)
 			return
 		}
-		res, err := wf.Run(tracing.Extract(r), engine, who.key, req, workflow.AsPrincipal(who.principal))
-		if err != nil {
+		var res *workflow.Result
+		run := func() (err error) {
+			res, err = wf.Run(tracing.Extract(r), engine, who.key, req, workflow.AsPrincipal(who.principal))
+			return err
+		}
+		if err := c.waits.await(w, r, run(), run); err != nil {
 			c.runFailed(w, r, err)
 			return
+		}
+		if !res.Rejected {
+			c.expires(w, res.CompletedAt)
 		}
 		writeResponse(w, res.Response, res.Replayed)
 	}), nil
@@ -161,6 +190,9 @@ func (c *core) runFailed(w http.ResponseWriter, r *http.Request, err error) {
 		stepErr  *workflow.StepError
 		deferred *phase.DeferError
 	)
+	if errors.As(err, &stepErr) || errors.Is(err, recovery.ErrInFlight) || errors.Is(err, workflow.ErrLeaseLost) {
+		c.expires(w, time.Time{}) // the key's record is kept, in flight
+	}
 	switch {
 	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
 		return // the client is gone; the work stays resumable

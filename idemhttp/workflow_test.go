@@ -58,6 +58,13 @@ func newWorkflowServer(t *testing.T) *workflowServer {
 // cfg.
 func newWorkflowServerWith(t *testing.T, cfg idemhttp.WorkflowConfig) *workflowServer {
 	t.Helper()
+	return newWorkflowServerOn(t, cfg, workflow.Config{})
+}
+
+// newWorkflowServerOn is newWorkflowServerWith with an engine configured
+// by engineCfg.
+func newWorkflowServerOn(t *testing.T, cfg idemhttp.WorkflowConfig, engineCfg workflow.Config) *workflowServer {
+	t.Helper()
 	t.Parallel()
 	s := &workflowServer{server: &server{t: t, db: dbtest.NewPool(t, 16)}, block: make(chan gate, 1)}
 	_, err := s.db.Exec(context.Background(), `CREATE TABLE payments (id bigserial PRIMARY KEY, charge text)`)
@@ -88,7 +95,7 @@ func newWorkflowServerWith(t *testing.T, cfg idemhttp.WorkflowConfig) *workflowS
 			return err
 		}),
 	).Finish(func(s *Paid) workflow.Response { return workflow.JSON(http.StatusCreated, s) })
-	engine, err := workflow.NewEngine(s.db, workflow.Config{})
+	engine, err := workflow.NewEngine(s.db, engineCfg)
 	require.NoError(t, err)
 	h, err := idemhttp.Workflow(engine, wf, cfg)
 	require.NoError(t, err)
