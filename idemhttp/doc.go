@@ -34,6 +34,23 @@
 // handler not run. The table of every case, and the security model, are in
 // docs/http.md (https://github.com/onceflow/onceflow/blob/main/docs/http.md).
 //
+// # The key's lifetime, and waiting for a key in flight
+//
+// Every answer about a key whose record is kept says, in [ExpiresHeader]
+// (Idempotency-Key-Expires, an HTTP-date), the earliest moment the server
+// may forget the key: a replay, the record's completion plus
+// [Config].KeyLifetime; the handler's stored answer, 409 in flight and a
+// workflow's 500 or 503 that leave the key resumable, now plus it. Set
+// KeyLifetime to the pruner's retention (sweeper.PrunerConfig). Answers
+// about no record of the caller's (400, 401, 403, 422, an unstored
+// answer) carry none, and no stored response holds it.
+//
+// A request whose key is in flight may ask to wait for it with Prefer:
+// wait=N (RFC 7240): it claims the key again with backoff, holding no
+// database connection, for up to N seconds ([Config].MaxWait at most),
+// then answers as a retry would, with [PreferenceAppliedHeader]; past N,
+// 409. [Config].MaxWaiters bounds the requests waiting at once.
+//
 // The key may be sent as a bare token (abc) or an RFC 8941 string ("abc"),
 // with parameters. The fingerprint covers the method, the route, the path
 // and query, the media type and the body; a body of a JSON media type is

@@ -38,7 +38,8 @@ type PrunerConfig struct {
 	// Retention is how long a completed or failed record is kept after it
 	// finished, so that retries keep getting its response. 0 means
 	// RetentionDefault (24h). A key reused after its record was pruned is a
-	// new request.
+	// new request. The HTTP middleware advertises it to clients
+	// (idemhttp.Config.KeyLifetime): keep the two equal.
 	Retention time.Duration
 
 	// OutboxRetention is how long a delivered outbox message is kept. 0
@@ -62,6 +63,7 @@ type PrunerConfig struct {
 	// and a retry after that is a new request, as after Retention. 0 keeps
 	// them, for an operator to see (onceflow keys list --stuck-for).
 	// Workflow keys, which store their request, are never deleted in flight.
+	// Keep idemhttp.Config.KeyLifetime no longer than it.
 	AbandonedRetention time.Duration
 
 	// BatchSize is how many rows one statement deletes at most. 0 means
