@@ -114,7 +114,9 @@ type CheckoutState struct {
 // schemaSQL is the checkout's own tables. It runs under an advisory lock so
 // that several servers may start at once. The ALTER brings a table made by
 // an earlier release up to date: its orders start at version 1, with no
-// shipping address. Every write to an order adds one to its version, the
+// shipping address. It runs only then: ALTER TABLE waits for every open
+// transaction on the table, and holds up every later one, even when it has
+// nothing to add. Every write to an order adds one to its version, the
 // order's ETag (orders.go).
 const schemaSQL = `
 SELECT pg_advisory_xact_lock(7245000001);
@@ -127,11 +129,19 @@ CREATE TABLE IF NOT EXISTS checkout_orders (
     items        jsonb       NOT NULL,
     status       text        NOT NULL,
     charge_id    text,
-    created_at   timestamptz NOT NULL DEFAULT now()
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    version      bigint      NOT NULL DEFAULT 1,
+    shipping_address text
 );
-ALTER TABLE checkout_orders
-    ADD COLUMN IF NOT EXISTS version          bigint NOT NULL DEFAULT 1,
-    ADD COLUMN IF NOT EXISTS shipping_address text;
+DO $$
+BEGIN
+    IF (SELECT count(*) FROM pg_attribute WHERE attrelid = 'checkout_orders'::regclass
+            AND attname IN ('version', 'shipping_address') AND NOT attisdropped) < 2 THEN
+        ALTER TABLE checkout_orders
+            ADD COLUMN IF NOT EXISTS version          bigint NOT NULL DEFAULT 1,
+            ADD COLUMN IF NOT EXISTS shipping_address text;
+    END IF;
+END $$;
 CREATE TABLE IF NOT EXISTS checkout_receipts (
     order_id text        PRIMARY KEY REFERENCES checkout_orders (id),
     sent_at  timestamptz NOT NULL DEFAULT now()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -283,4 +284,46 @@ func TestReceiptGivesTheOrderANewETag(t *testing.T) {
 	}, time.Minute, 100*time.Millisecond, "the relay runs every second")
 	require.NotEqual(t, before.header.Get("ETag"), after.header.Get("ETag"))
 	requireProblem(t, e.patchAddress(app, "acme", id, before.header.Get("ETag"), addressJSON("1 Main St")), http.StatusPreconditionFailed)
+}
+
+// TestStartDoesNotWaitForOrderWrites: a server that starts on an up-to-date
+// database takes no lock that waits for the order writes under way (here
+// an open transaction holding what an UPDATE of an order holds), as ALTER
+// TABLE would, holding up every later write behind it. Whether the start
+// waits is seen in pg_stat_activity, not guessed from time.
+func TestStartDoesNotWaitForOrderWrites(t *testing.T) {
+	e := newEnv(t)
+	e.serve("--sweep-every", noSweep) // creates the tables
+	conn, err := pgx.Connect(e.ctx, e.dbURL)
+	require.NoError(t, err)
+	defer conn.Close(e.ctx)
+	tx, err := conn.Begin(e.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	_, err = tx.Exec(e.ctx, `LOCK TABLE checkout_orders IN ROW EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	started := make(chan error, 1)
+	go func() {
+		p, err := startServe(ctx, binary, "--database-url", e.dbURL, "--provider-url", e.provider, "--sweep-every", noSweep)
+		if err == nil {
+			p.Stop()
+		}
+		started <- err
+	}()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-started:
+			require.NoError(t, err)
+			return
+		case <-tick.C:
+			require.Zero(t, e.count(`SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock'`),
+				"the starting server waits for the open transaction's lock")
+		}
+	}
 }
