@@ -57,4 +57,12 @@
 // canonicalized first, so key order and whitespace do not matter.
 // Responses [StoreDefault] refuses (temporary refusals and 5xx) and
 // responses over [Config].MaxResponse are answered but not stored.
+//
+// # Conditional writes
+//
+// A write that names the version it read, with If-Match, needs no key: its
+// retry finds a newer version and gets 412. [ETag] tags a row's version,
+// [CheckPreconditions] evaluates If-Match and If-None-Match (RFC 9110),
+// [WritePrecondition] answers 304, 400, 412 and 428, and [VersionedUpdate]
+// is the compare-and-set on the row's version column.
 package idemhttp

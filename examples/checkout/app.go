@@ -15,12 +15,12 @@ import (
 	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/idemhttp"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/workflow"
@@ -76,7 +76,7 @@ func (r CheckoutRequest) Validate() error {
 		texts[fmt.Sprintf("items[%d].sku", i)] = it.SKU
 	}
 	for _, field := range slices.Sorted(maps.Keys(texts)) {
-		if problem := textProblem(texts[field]); problem != "" {
+		if problem := textProblem(texts[field], maxText); problem != "" {
 			problems = append(problems, field+" "+problem)
 		}
 	}
@@ -86,10 +86,11 @@ func (r CheckoutRequest) Validate() error {
 	return nil
 }
 
-// textProblem says what is wrong with a string of a request, or "".
-func textProblem(s string) string {
-	if len(s) > maxText {
-		return fmt.Sprintf("is %d bytes, longer than %d", len(s), maxText)
+// textProblem says what is wrong with a string of a request, or "": longer
+// than limit bytes, or holding a control character.
+func textProblem(s string, limit int) string {
+	if len(s) > limit {
+		return fmt.Sprintf("is %d bytes, longer than %d", len(s), limit)
 	}
 	if i := strings.IndexFunc(s, unicode.IsControl); i >= 0 {
 		return fmt.Sprintf("holds a control character at byte %d", i)
@@ -111,7 +112,12 @@ type CheckoutState struct {
 }
 
 // schemaSQL is the checkout's own tables. It runs under an advisory lock so
-// that several servers may start at once.
+// that several servers may start at once. The ALTER brings a table made by
+// an earlier release up to date: its orders start at version 1, with no
+// shipping address. It runs only then: ALTER TABLE waits for every open
+// transaction on the table, and holds up every later one, even when it has
+// nothing to add. Every write to an order adds one to its version, the
+// order's ETag (orders.go).
 const schemaSQL = `
 SELECT pg_advisory_xact_lock(7245000001);
 CREATE TABLE IF NOT EXISTS checkout_orders (
@@ -123,8 +129,19 @@ CREATE TABLE IF NOT EXISTS checkout_orders (
     items        jsonb       NOT NULL,
     status       text        NOT NULL,
     charge_id    text,
-    created_at   timestamptz NOT NULL DEFAULT now()
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    version      bigint      NOT NULL DEFAULT 1,
+    shipping_address text
 );
+DO $$
+BEGIN
+    IF (SELECT count(*) FROM pg_attribute WHERE attrelid = 'checkout_orders'::regclass
+            AND attname IN ('version', 'shipping_address') AND NOT attisdropped) < 2 THEN
+        ALTER TABLE checkout_orders
+            ADD COLUMN IF NOT EXISTS version          bigint NOT NULL DEFAULT 1,
+            ADD COLUMN IF NOT EXISTS shipping_address text;
+    END IF;
+END $$;
 CREATE TABLE IF NOT EXISTS checkout_receipts (
     order_id text        PRIMARY KEY REFERENCES checkout_orders (id),
     sent_at  timestamptz NOT NULL DEFAULT now()
@@ -275,13 +292,13 @@ func (a *app) recordCharge(ctx context.Context, tx pgx.Tx, r *phase.Run[Checkout
 		return cancelMischarged(ctx, tx, s)
 	}
 	if r.State.Declined {
-		if _, err := tx.Exec(ctx, `UPDATE checkout_orders SET status = 'declined' WHERE id = $1`, r.State.OrderID); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE checkout_orders SET status = 'declined', version = version + 1 WHERE id = $1`, r.State.OrderID); err != nil {
 			return err
 		}
 		resp := workflow.Problem(http.StatusPaymentRequired, "the card was declined; order "+r.State.OrderID+" is not paid")
 		return workflow.Respond(resp)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE checkout_orders SET status = 'paid', charge_id = $2 WHERE id = $1`,
+	if _, err := tx.Exec(ctx, `UPDATE checkout_orders SET status = 'paid', charge_id = $2, version = version + 1 WHERE id = $1`,
 		r.State.OrderID, r.State.ChargeID); err != nil {
 		return err
 	}
@@ -296,7 +313,7 @@ func (a *app) recordCharge(ctx context.Context, tx pgx.Tx, r *phase.Run[Checkout
 // for, and aborts the checkout: the engine refunds the charge (refund),
 // then answers the stored 502.
 func cancelMischarged(ctx context.Context, tx pgx.Tx, s *CheckoutState) error {
-	if _, err := tx.Exec(ctx, `UPDATE checkout_orders SET status = 'cancelled', charge_id = $2 WHERE id = $1`,
+	if _, err := tx.Exec(ctx, `UPDATE checkout_orders SET status = 'cancelled', charge_id = $2, version = version + 1 WHERE id = $1`,
 		s.OrderID, s.ChargeID); err != nil {
 		return err
 	}
@@ -317,7 +334,11 @@ func (a *app) sendReceipt(ctx context.Context, m *outbox.Record) error {
 	}
 	return pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
 		sent, err := a.outbox.Process(ctx, tx, "receipts", m.DedupeKey, func() error {
-			_, err := tx.Exec(ctx, `INSERT INTO checkout_receipts (order_id) VALUES ($1)`, receipt.OrderID)
+			if _, err := tx.Exec(ctx, `INSERT INTO checkout_receipts (order_id) VALUES ($1)`, receipt.OrderID); err != nil {
+				return err
+			}
+			// The order shows receipt_sent: a new version, a new ETag.
+			_, err := tx.Exec(ctx, `UPDATE checkout_orders SET version = version + 1 WHERE id = $1`, receipt.OrderID)
 			return err
 		})
 		if sent {
@@ -327,32 +348,20 @@ func (a *app) sendReceipt(ctx context.Context, m *outbox.Record) error {
 	})
 }
 
-// getOrder serves GET /v1/orders/{order_id}, for the order's tenant only.
+// getOrder serves GET /v1/orders/{order_id}, for the order's tenant only,
+// with the order's ETag; a matching If-None-Match is 304.
 func (a *app) getOrder(w http.ResponseWriter, r *http.Request) {
 	tenant, err := authenticatedTenant(r)
 	if err != nil {
 		writeProblem(w, workflow.Problem(http.StatusUnauthorized, err.Error()))
 		return
 	}
-	id := r.PathValue("order_id")
-	if !utf8.ValidString(id) || strings.ContainsRune(id, 0) { // no text column holds it: no order has it
+	id, ok := orderID(r)
+	if !ok {
 		writeProblem(w, workflow.Problem(http.StatusNotFound, "no such order"))
 		return
 	}
-	var order struct {
-		OrderID     string  `json:"order_id"`
-		CustomerID  string  `json:"customer_id"`
-		Status      string  `json:"status"`
-		ChargeID    *string `json:"charge_id"`
-		AmountCents int64   `json:"amount_cents"`
-		Currency    string  `json:"currency"`
-		ReceiptSent bool    `json:"receipt_sent"`
-	}
-	err = a.db.QueryRow(r.Context(), `
-		SELECT o.id, o.customer_id, o.status, o.charge_id, o.amount_cents, o.currency, r.order_id IS NOT NULL
-		FROM checkout_orders o LEFT JOIN checkout_receipts r ON r.order_id = o.id
-		WHERE o.id = $1 AND o.tenant_id = $2`, id, tenant).
-		Scan(&order.OrderID, &order.CustomerID, &order.Status, &order.ChargeID, &order.AmountCents, &order.Currency, &order.ReceiptSent)
+	o, err := readOrder(r.Context(), a.db, tenant, id)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		writeProblem(w, workflow.Problem(http.StatusNotFound, "no such order"))
@@ -360,7 +369,10 @@ func (a *app) getOrder(w http.ResponseWriter, r *http.Request) {
 		a.logger.Error("read order", slog.Any("error", err))
 		writeProblem(w, workflow.Problem(http.StatusServiceUnavailable, "the order could not be read"))
 	default:
-		writeJSON(w, http.StatusOK, order)
+		w.Header().Set("ETag", idemhttp.ETag(o.version))
+		if !idemhttp.WritePrecondition(w, idemhttp.CheckPreconditions(r, idemhttp.ETag(o.version), false)) {
+			writeJSON(w, http.StatusOK, o)
+		}
 	}
 }
 

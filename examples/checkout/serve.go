@@ -111,6 +111,8 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/checkouts", authenticated(auth, checkouts))
 	mux.Handle("GET /v1/orders/{order_id}", authenticated(auth, http.HandlerFunc(a.getOrder)))
+	// Not behind the Idempotency-Key layer: If-Match makes it idempotent.
+	mux.Handle("PATCH /v1/orders/{order_id}", authenticated(auth, http.HandlerFunc(a.patchOrder)))
 	if err := mountConsole(mux, ops, db, engine, auth, logger); err != nil {
 		return err
 	}
