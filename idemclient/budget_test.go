@@ -41,7 +41,7 @@ func TestBudgetBoundsRequestsUnderConcurrency(t *testing.T) {
 	var wg sync.WaitGroup
 	for range intents {
 		wg.Go(func() {
-			if _, err := c.Do(context.Background(), post(t, srv.url, "")); err == nil { //nolint:bodyclose // nil on giving up
+			if _, err := c.Do(context.Background(), post(t, srv.url, "")); err == nil {
 				t.Error("a server that always answers 503 is given up on")
 			}
 		})

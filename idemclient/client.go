@@ -84,7 +84,7 @@ func (c *Client) Do(ctx context.Context, req *http.Request) (*Response, error) {
 		return nil, err
 	}
 	for {
-		resp, err := in.send(ctx)
+		resp, err := in.send(ctx) //nolint:bodyclose // returned to the caller, or read and closed by record
 		if err == nil && !retryableStatus(resp.StatusCode) {
 			return in.final(resp), nil
 		}

@@ -356,7 +356,7 @@ func TestDeadline(t *testing.T) {
 			w.Header().Set("Retry-After", "7200")
 			w.WriteHeader(http.StatusServiceUnavailable)
 		})
-		_, err := c.Do(ctx, post(t, srv.url, "")) //nolint:bodyclose // nil on giving up
+		_, err := c.Do(ctx, post(t, srv.url, ""))
 		require.ErrorIs(t, err, ErrDeadline)
 		require.Empty(t, clk.sleeps())
 	})
@@ -366,7 +366,7 @@ func TestDeadline(t *testing.T) {
 		srv := newServer(t, clk, func(n int, w http.ResponseWriter, r *http.Request) {
 			<-r.Context().Done()
 		})
-		_, err := c.Do(context.Background(), post(t, srv.url, "")) //nolint:bodyclose // nil on giving up
+		_, err := c.Do(context.Background(), post(t, srv.url, ""))
 		require.ErrorIs(t, err, ErrDeadline)
 		require.Len(t, srv.requests(), 1)
 	})

@@ -60,7 +60,7 @@ func ExampleClient_Do() {
 	body, _ := io.ReadAll(resp.Body)
 	fmt.Println(resp.StatusCode, string(body))
 	fmt.Println("attempts:", resp.Attempts)
-	fmt.Println("one key for both:", keys[0] == keys[1] && keys[0] == resp.Key)
+	fmt.Println("one key for both:", keys[1] == keys[0] && resp.Key == keys[0])
 	// Output:
 	// 201 {"transfer":"tr_1"}
 	// attempts: 2

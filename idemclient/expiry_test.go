@@ -56,7 +56,7 @@ func TestNoRetryPastTheKeyLifetime(t *testing.T) {
 			t.Parallel()
 			c, clk := newClient(t, Config{MaxElapsed: 24 * time.Hour})
 			srv := newServer(t, clk, tc.server.handler(clk))
-			_, err := c.Do(context.Background(), post(t, srv.url, "")) //nolint:bodyclose // nil on giving up
+			_, err := c.Do(context.Background(), post(t, srv.url, ""))
 			require.ErrorIs(t, err, tc.reason)
 			var g *GiveUpError
 			require.ErrorAs(t, err, &g)

@@ -59,7 +59,7 @@ func TestHooksSayWhatHappened(t *testing.T) {
 	require.Empty(t, giveUps)
 
 	attempts, waits = nil, nil
-	_, err = c.Do(context.Background(), post(t, srv.url+"/down", "")) //nolint:bodyclose // nil on giving up
+	_, err = c.Do(context.Background(), post(t, srv.url+"/down", ""))
 	require.Len(t, attempts, 3)
 	require.Len(t, waits, 2)
 	require.Len(t, giveUps, 1)
