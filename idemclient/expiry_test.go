@@ -40,11 +40,12 @@ func TestNoRetryPastTheKeyLifetime(t *testing.T) {
 	}{
 		// 30s lifetime: the last retry goes before 27s (a tenth off).
 		"retried within it": {expiring{retryAfter: []string{"20"}, lifetime: []time.Duration{30 * time.Second}}, 2, ErrKeyExpired},
-		// The margin: a retry at 91s of a 100s lifetime would be within it, but
-		// not within 100s − 10s.
-		"not within the margin": {expiring{retryAfter: []string{"91"}, lifetime: []time.Duration{100 * time.Second}}, 1, ErrKeyExpired},
-		// The margin is a minute at most: at 35m of an hour, still in time.
-		"a minute's margin at most": {expiring{retryAfter: []string{"2100", "3600"}, lifetime: []time.Duration{time.Hour}}, 2, ErrKeyExpired},
+		// The margin: a retry at 450s (and a jitter of up to 45s) of a 500s
+		// lifetime would be within it, but not within 500s − 50s.
+		"not within the margin": {expiring{retryAfter: []string{"450"}, lifetime: []time.Duration{500 * time.Second}}, 1, ErrKeyExpired},
+		// The margin is a minute at most: a retry at 9020s (and a jitter of
+		// up to 902s) of a 10000s lifetime is in time.
+		"a minute's margin at most": {expiring{retryAfter: []string{"9020", "100000"}, lifetime: []time.Duration{10000 * time.Second}}, 2, ErrKeyExpired},
 		// The earliest expiry counts: a later, longer one does not extend it.
 		"the earliest expiry counts": {expiring{retryAfter: []string{"1", "36"}, lifetime: []time.Duration{40 * time.Second, time.Hour}}, 2, ErrKeyExpired},
 		// A server an hour behind: its Date says what its Expires means.
