@@ -76,8 +76,9 @@ type Response struct {
 // Do returns the final answer with a nil error, whatever its status. When
 // it gives up (budget, attempts, deadline, key lifetime, context) it
 // returns a *GiveUpError, which errors.Is matches against ErrBudgetExhausted
-// and the other reasons, and a nil *Response. req is not modified; its
-// body is buffered (up to Config.MaxBody) when it has no GetBody.
+// and the other reasons, and a nil *Response. req is not modified, and
+// ctx, not req's own context, governs the attempts; req's body is
+// buffered (up to Config.MaxBody) when it has no GetBody.
 func (c *Client) Do(ctx context.Context, req *http.Request) (*Response, error) {
 	in, err := c.start(ctx, req)
 	if err != nil {
