@@ -1,0 +1,29 @@
+package idemclient
+
+import (
+	"context"
+	"time"
+)
+
+// clock is the Client's time: the wall clock, or a fake in tests, so
+// that they need not sleep through backoffs and Retry-After.
+type clock interface {
+	Now() time.Time
+	// Sleep returns after d, or with ctx's cause when ctx is done first.
+	Sleep(ctx context.Context, d time.Duration) error
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+func (wallClock) Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}

@@ -1,0 +1,197 @@
+package idemclient
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/idemhttp"
+	"github.com/onceflow/onceflow/internal/dbtest"
+)
+
+func TestMain(m *testing.M) { dbtest.Main(m) }
+
+// charges is a real idemhttp.Middleware on a real PostgreSQL, in front of
+// a handler that writes a charge in the middleware's transaction. A body
+// saying "flaky" fails its key's first run with 503 (not stored: the
+// retry runs the handler again); one saying "slow" waits for release.
+type charges struct {
+	db      *pgxpool.Pool
+	url     string
+	entered chan struct{}
+	release chan struct{}
+
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+func newCharges(t *testing.T) *charges {
+	t.Helper()
+	s := &charges{db: dbtest.NewPool(t, 8), entered: make(chan struct{}, 1), release: make(chan struct{}), runs: map[string]int{}}
+	_, err := s.db.Exec(context.Background(), `CREATE TABLE charges (id bigserial PRIMARY KEY, key text NOT NULL, body text NOT NULL)`)
+	require.NoError(t, err)
+	mw, err := idemhttp.Middleware(s.db, idemhttp.Config{Tenant: func(*http.Request) (string, error) { return "acme", nil }})
+	require.NoError(t, err)
+	srv := httptest.NewServer(mw(http.HandlerFunc(s.charge)))
+	t.Cleanup(srv.Close)
+	s.url = srv.URL
+	return s
+}
+
+func (s *charges) charge(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get(KeyHeader)
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	s.mu.Lock()
+	s.runs[key]++
+	n := s.runs[key]
+	s.mu.Unlock()
+	switch {
+	case strings.Contains(string(body), "flaky") && n == 1:
+		http.Error(w, "try again", http.StatusServiceUnavailable)
+		return
+	case strings.Contains(string(body), "slow"):
+		s.entered <- struct{}{}
+		<-s.release
+	}
+	tx, err := idemhttp.Tx(r.Context())
+	var id int64
+	if err == nil {
+		err = tx.QueryRow(r.Context(), `INSERT INTO charges (key, body) VALUES ($1, $2) RETURNING id`, key, string(body)).Scan(&id)
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_, _ = fmt.Fprintf(w, `{"charge":%d}`, id)
+}
+
+// chargesByKey counts the charges written under each key.
+func (s *charges) chargesByKey(t *testing.T) map[string]int {
+	t.Helper()
+	rows, err := s.db.Query(context.Background(), `SELECT key, count(*) FROM charges GROUP BY key`)
+	require.NoError(t, err)
+	defer rows.Close()
+	got := map[string]int{}
+	for rows.Next() {
+		var key string
+		var n int
+		require.NoError(t, rows.Scan(&key, &n))
+		got[key] = n
+	}
+	require.NoError(t, rows.Err())
+	return got
+}
+
+// withKey sets req's key, unless it is "", and a JSON media type.
+func withKey(req *http.Request, key string) *http.Request {
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set(KeyHeader, key)
+	}
+	return req
+}
+
+// send posts body through c and returns the response with its body read.
+func send(t *testing.T, c *Client, url, key, body string) (*Response, string) {
+	t.Helper()
+	resp, err := c.Do(context.Background(), withKey(post(t, url, body), key))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, resp.Body.Close()) }()
+	got, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, string(got)
+}
+
+func TestAgainstTheMiddleware(t *testing.T) {
+	t.Parallel()
+	s := newCharges(t)
+	c, _ := newClient(t, Config{})
+
+	const intents = 5
+	type exchange struct{ request, answer string }
+	sent := map[string]exchange{}
+	for i := range intents {
+		request := fmt.Sprintf(`{"flaky":true,"intent":%d}`, i)
+		resp, answer := send(t, c, s.url, "", request)
+		require.Equal(t, http.StatusCreated, resp.StatusCode, answer)
+		require.Equal(t, 2, resp.Attempts, "the first run's 503 is retried")
+		require.False(t, resp.Replayed)
+		sent[resp.Key] = exchange{request, answer}
+	}
+	byKey := s.chargesByKey(t)
+	require.Len(t, byKey, intents, "one key per intent")
+	for key := range sent {
+		require.Equal(t, 1, byKey[key], "one charge per intent")
+	}
+
+	// A process that kept its key and sends the intent again is answered
+	// from the record: nothing runs again.
+	for key, x := range sent {
+		resp, answer := send(t, c, s.url, key, x.request)
+		require.True(t, resp.Replayed)
+		require.Equal(t, 1, resp.Attempts)
+		require.Equal(t, x.answer, answer)
+	}
+	require.Equal(t, byKey, s.chargesByKey(t))
+}
+
+func TestAgainstTheMiddlewareInFlight(t *testing.T) {
+	t.Parallel()
+	s := newCharges(t)
+	key := NewKey()
+	const body = `{"slow":true}`
+
+	first := make(chan string, 1)
+	c1, _ := newClient(t, Config{Wait: -1})
+	go func() {
+		defer close(first)
+		resp, err := c1.Do(context.Background(), withKey(post(t, s.url, body), key))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer func() { _ = resp.Body.Close() }()
+		got, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Error(err)
+		}
+		first <- string(got)
+	}()
+	<-s.entered
+
+	// The duplicate finds the key in flight (409 with Retry-After); before
+	// its retry, the first request finishes.
+	var firstBody string
+	var waits []WaitInfo
+	c, _ := newClient(t, Config{Wait: -1, Hooks: Hooks{Wait: func(w WaitInfo) {
+		waits = append(waits, w)
+		if len(waits) == 1 {
+			close(s.release)
+			firstBody = <-first
+		}
+	}}})
+	resp, got := send(t, c, s.url, key, body)
+	require.Len(t, waits, 1)
+	require.Equal(t, http.StatusConflict, waits[0].Status)
+	require.Positive(t, waits[0].RetryAfter, "the middleware says when to come back")
+	require.GreaterOrEqual(t, waits[0].Delay, waits[0].RetryAfter)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.True(t, resp.Replayed)
+	require.Equal(t, 2, resp.Attempts)
+	require.Equal(t, firstBody, got, "the duplicate gets the first request's answer")
+	require.Equal(t, map[string]int{key: 1}, s.chargesByKey(t))
+}
