@@ -97,7 +97,8 @@ type Record struct {
 	// History lists the record's transitions, oldest first: at most
 	// MaxHistory, the latest (migration 0014). Each was written in the
 	// transaction that made it. Empty for a record that has made none
-	// since the migration.
+	// since the migration. Only Load and List read it: the record a claim
+	// or a takeover returns has none.
 	History []Transition
 	// HistoryTruncated counts the older transitions dropped from History
 	// to keep it at MaxHistory.
@@ -138,10 +139,18 @@ type Response struct {
 
 // recordColumns is the column list every statement returning a record uses,
 // in the order scanRecord reads them.
-const recordColumns = `tenant_id, key, id, workflow, request_hash, request, owner, status,
+const recordColumns = columnsButHistory + `, history`
+
+// claimColumns is recordColumns for the claim and the takeover, with no
+// history: the attempt that claims has no use for it, and reading and
+// decoding it would cost every claim what its length costs. A claimed
+// record's History is empty; Load reads it.
+const claimColumns = columnsButHistory + `, NULL::jsonb AS history`
+
+const columnsButHistory = `tenant_id, key, id, workflow, request_hash, request, owner, status,
 	recovery_point, state, locked_until, attempts, last_error,
 	response_status, response_body, response_header, created_at, updated_at, completed_at, definition, resume_as, not_before, undo,
-	trace_parent, history`
+	trace_parent`
 
 // scanRecord reads recordColumns, then extra columns into extra.
 func scanRecord(row pgx.Row, extra ...any) (*Record, error) {

@@ -37,7 +37,7 @@ const (
 // says this build knows compensation: it may take over a record whose undo
 // list a build from before migration 0012 must leave alone.
 var claimSQL = `
-SELECT ` + recordColumns + `, CASE WHEN id = $3 THEN 1 WHEN owner = $7 THEN 2
+SELECT ` + claimColumns + `, CASE WHEN id = $3 THEN 1 WHEN owner = $7 THEN 2
     WHEN coalesce(principal_hash, sha256(convert_to(tenant_id, 'UTF8'))) <> $10 THEN 4 ELSE 3 END, clock_timestamp()
 FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid, $8::bigint, $9::text, $10::bytea, $11::text, true, $12::text) c`
 
@@ -54,10 +54,10 @@ FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, 
 // belong to.
 var takeoverSQL = `
 WITH existing AS (
-    SELECT ` + recordColumns + ` FROM {keys} WHERE tenant_id = $1 AND key = $2
+    SELECT ` + claimColumns + ` FROM {keys} WHERE tenant_id = $1 AND key = $2
 ),
 taken AS (
-    SELECT ` + recordColumns + `
+    SELECT ` + claimColumns + `
     FROM {schema}.onceflow_take_over($1::text, $2::text, $6::text, NULL, NULL, $3::uuid, $4::bigint, $5::text, true)
 )
 SELECT ` + recordColumns + `, 2, clock_timestamp() FROM taken
