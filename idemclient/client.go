@@ -50,8 +50,9 @@ func NewKey() string {
 }
 
 // Response is the final answer to an intent: a success, or an answer that
-// a retry would not change (a 4xx but 409, 425 and 429; 501; 505). Close
-// its Body as with any *http.Response.
+// a retry would not change (a 4xx but 409, 425 and 429; 501; 505; any
+// answer the server replayed from its record). Close its Body as with any
+// *http.Response.
 type Response struct {
 	*http.Response
 
@@ -69,7 +70,9 @@ type Response struct {
 
 // Do sends req under an idempotency key, and retries it, with the same key
 // and the same body, while the answer is retryable: a transport error, or
-// 409 (the key in flight), 425, 429, 500, 502, 503 or 504. Each call is one
+// 409 (the key in flight), 425, 429, 500, 502, 503 or 504, unless the
+// server replayed it from its record (Idempotent-Replayed: true: the
+// key's answer for good, a handler's own 409, say). Each call is one
 // intent: req's Idempotency-Key is kept when it has one, else a new key
 // (NewKey) is made and sent on every attempt.
 //
@@ -86,7 +89,7 @@ func (c *Client) Do(ctx context.Context, req *http.Request) (*Response, error) {
 	}
 	for {
 		resp, err := in.send(ctx) //nolint:bodyclose // returned to the caller, or read and closed by record
-		if err == nil && !retryableStatus(resp.StatusCode) {
+		if err == nil && (!retryableStatus(resp.StatusCode) || replayed(resp)) {
 			return in.final(resp), nil
 		}
 		in.record(resp, err)
