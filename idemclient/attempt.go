@@ -129,6 +129,7 @@ func (in *intent) retry(ctx context.Context) error {
 		hook(WaitInfo{Key: in.key, Attempt: in.attempts + 1, Delay: delay, RetryAfter: asked, Status: in.status, Err: in.err})
 	}
 	if err := in.c.clock.Sleep(ctx, delay); err != nil {
+		in.c.budget.refund() // the retry is not sent
 		return in.contextDone(ctx)
 	}
 	return nil
