@@ -68,7 +68,8 @@ type Config struct {
 
 // BudgetConfig sizes a Client's retry budget, a token bucket shared by
 // all its intents: each intent's first attempt deposits Ratio tokens, up
-// to Burst; each retry takes one token, and is not sent without one. The
+// to Burst; each retry takes one token, and is not sent without one (a
+// retry whose wait the caller's context ends gives its token back). The
 // bucket starts full. So the requests a Client sends are at most
 // (1+Ratio)·intents + Burst, however sick the server.
 type BudgetConfig struct {
