@@ -31,7 +31,35 @@ func New(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	cfg.HTTPClient = keepingMethod(cfg.HTTPClient)
 	return &Client{cfg: cfg, budget: newBudget(cfg.Budget), clock: wallClock{}}, nil
+}
+
+// maxRedirects is how many redirects net/http follows when the client
+// has no CheckRedirect of its own.
+const maxRedirects = 10
+
+// keepingMethod returns a copy of hc that follows only the redirects that
+// send the same request again (307, 308: same method, body and key), and
+// returns any other (301, 302 or 303 of a POST, which would become a GET
+// without the body) as the answer: the follow-up is another request, which
+// the intent's key does not name, and its answer is not the intent's.
+// hc's own CheckRedirect still decides on the redirects followed.
+func keepingMethod(hc *http.Client) *http.Client {
+	copied := *hc
+	check := hc.CheckRedirect
+	copied.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		switch {
+		case req.Method != via[0].Method:
+			return http.ErrUseLastResponse
+		case check != nil:
+			return check(req, via)
+		case len(via) >= maxRedirects:
+			return fmt.Errorf("idemclient: stopped after %d redirects", maxRedirects)
+		}
+		return nil
+	}
+	return &copied
 }
 
 // NewKey returns a new idempotency key, a UUIDv7: unique, and ordered by

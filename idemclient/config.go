@@ -29,7 +29,9 @@ const MaxErrorBody = 64 << 10
 type Config struct {
 	// HTTPClient sends the requests; nil means http.DefaultClient. Its
 	// Timeout bounds each attempt (keep it above Wait); a timed-out attempt
-	// is retried.
+	// is retried. The Client follows only redirects that keep the method
+	// (307, 308), through HTTPClient's CheckRedirect; any other redirect
+	// (a POST's 303 See Other, say) is the answer.
 	HTTPClient *http.Client
 
 	// MaxAttempts is the most requests sent for one intent, the first

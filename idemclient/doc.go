@@ -24,7 +24,9 @@
 // sooner than the server's Retry-After, unless the server replayed them
 // from its record of the key (Idempotent-Replayed: true), which a retry
 // would get again. Every other answer, 2xx and 4xx alike, is final and
-// returned. The caller's context cancelled ends it.
+// returned. A redirect is followed only when it sends the same request
+// again (307, 308); any other (a POST's 303 See Other) is the answer. The
+// caller's context cancelled ends it.
 //
 // # Bounds
 //
