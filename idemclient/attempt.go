@@ -73,8 +73,14 @@ func (b *cancelOnClose) Close() error {
 
 // final wraps the final answer.
 func (in *intent) final(resp *http.Response) *Response {
-	replayed := strings.EqualFold(strings.TrimSpace(resp.Header.Get(ReplayedHeader)), "true")
-	return &Response{Response: resp, Key: in.key, Replayed: replayed, Attempts: in.attempts}
+	return &Response{Response: resp, Key: in.key, Replayed: replayed(resp), Attempts: in.attempts}
+}
+
+// replayed reports an answer the server replayed from its record of the
+// key (Idempotent-Replayed: true): whatever its status, a retry gets it
+// again.
+func replayed(resp *http.Response) bool {
+	return strings.EqualFold(strings.TrimSpace(resp.Header.Get(ReplayedHeader)), "true")
 }
 
 // record keeps what the last attempt got, reading (up to MaxErrorBody)
@@ -123,6 +129,7 @@ func (in *intent) retry(ctx context.Context) error {
 		hook(WaitInfo{Key: in.key, Attempt: in.attempts + 1, Delay: delay, RetryAfter: asked, Status: in.status, Err: in.err})
 	}
 	if err := in.c.clock.Sleep(ctx, delay); err != nil {
+		in.c.budget.refund() // the retry is not sent
 		return in.contextDone(ctx)
 	}
 	return nil

@@ -31,3 +31,10 @@ func (b *budget) take() bool {
 	b.tokens--
 	return true
 }
+
+// refund puts back the token of a retry that was not sent after all.
+func (b *budget) refund() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.tokens = min(b.burst, b.tokens+1)
+}

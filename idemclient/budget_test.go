@@ -51,3 +51,39 @@ func TestBudgetBoundsRequestsUnderConcurrency(t *testing.T) {
 	require.LessOrEqual(t, float64(sent), (1+budget.Ratio)*intents+budget.Burst)
 	require.Greater(t, sent, intents, "some retries were sent")
 }
+
+// TestBudgetKeepsTheTokenOfARetryNotSent: a retry whose wait the caller
+// cancels is not sent, so its token goes back to the bucket for the
+// intents still running.
+//
+// Mutation caught: the token kept by a cancelled wait (the second intent
+// finds the bucket empty: ErrBudgetExhausted).
+func TestBudgetKeepsTheTokenOfARetryNotSent(t *testing.T) {
+	t.Parallel()
+	var cancelWait context.CancelFunc // called by the Wait hook, when set
+	c, clk := newClient(t, Config{Budget: BudgetConfig{Burst: 1}, Hooks: Hooks{Wait: func(WaitInfo) {
+		if cancelWait != nil {
+			cancelWait()
+		}
+	}}})
+	srv := newServer(t, clk, func(n int, w http.ResponseWriter, _ *http.Request) {
+		if n == 1 {
+			unavailable(w)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cancelWait = cancel
+	_, err := c.Do(ctx, post(t, srv.url, ""))
+	require.ErrorIs(t, err, ErrCanceled)
+	require.Len(t, srv.requests(), 1, "the retry was not sent")
+
+	cancelWait = nil
+	resp, err := c.Do(context.Background(), post(t, srv.url, ""))
+	require.NoError(t, err, "the unsent retry's token is back")
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, 2, resp.Attempts)
+}

@@ -31,7 +31,35 @@ func New(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	cfg.HTTPClient = keepingMethod(cfg.HTTPClient)
 	return &Client{cfg: cfg, budget: newBudget(cfg.Budget), clock: wallClock{}}, nil
+}
+
+// maxRedirects is how many redirects net/http follows when the client
+// has no CheckRedirect of its own.
+const maxRedirects = 10
+
+// keepingMethod returns a copy of hc that follows only the redirects that
+// send the same request again (307, 308: same method, body and key), and
+// returns any other (301, 302 or 303 of a POST, which would become a GET
+// without the body) as the answer: the follow-up is another request, which
+// the intent's key does not name, and its answer is not the intent's.
+// hc's own CheckRedirect still decides on the redirects followed.
+func keepingMethod(hc *http.Client) *http.Client {
+	copied := *hc
+	check := hc.CheckRedirect
+	copied.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		switch {
+		case req.Method != via[0].Method:
+			return http.ErrUseLastResponse
+		case check != nil:
+			return check(req, via)
+		case len(via) >= maxRedirects:
+			return fmt.Errorf("idemclient: stopped after %d redirects", maxRedirects)
+		}
+		return nil
+	}
+	return &copied
 }
 
 // NewKey returns a new idempotency key, a UUIDv7: unique, and ordered by
@@ -50,8 +78,9 @@ func NewKey() string {
 }
 
 // Response is the final answer to an intent: a success, or an answer that
-// a retry would not change (a 4xx but 409, 425 and 429; 501; 505). Close
-// its Body as with any *http.Response.
+// a retry would not change (a 4xx but 409, 425 and 429; 501; 505; any
+// answer the server replayed from its record). Close its Body as with any
+// *http.Response.
 type Response struct {
 	*http.Response
 
@@ -69,7 +98,9 @@ type Response struct {
 
 // Do sends req under an idempotency key, and retries it, with the same key
 // and the same body, while the answer is retryable: a transport error, or
-// 409 (the key in flight), 425, 429, 500, 502, 503 or 504. Each call is one
+// 409 (the key in flight), 425, 429, 500, 502, 503 or 504, unless the
+// server replayed it from its record (Idempotent-Replayed: true: the
+// key's answer for good, a handler's own 409, say). Each call is one
 // intent: req's Idempotency-Key is kept when it has one, else a new key
 // (NewKey) is made and sent on every attempt.
 //
@@ -86,7 +117,7 @@ func (c *Client) Do(ctx context.Context, req *http.Request) (*Response, error) {
 	}
 	for {
 		resp, err := in.send(ctx) //nolint:bodyclose // returned to the caller, or read and closed by record
-		if err == nil && !retryableStatus(resp.StatusCode) {
+		if err == nil && (!retryableStatus(resp.StatusCode) || replayed(resp)) {
 			return in.final(resp), nil
 		}
 		in.record(resp, err)

@@ -29,7 +29,9 @@ const MaxErrorBody = 64 << 10
 type Config struct {
 	// HTTPClient sends the requests; nil means http.DefaultClient. Its
 	// Timeout bounds each attempt (keep it above Wait); a timed-out attempt
-	// is retried.
+	// is retried. The Client follows only redirects that keep the method
+	// (307, 308), through HTTPClient's CheckRedirect; any other redirect
+	// (a POST's 303 See Other, say) is the answer.
 	HTTPClient *http.Client
 
 	// MaxAttempts is the most requests sent for one intent, the first
@@ -68,7 +70,8 @@ type Config struct {
 
 // BudgetConfig sizes a Client's retry budget, a token bucket shared by
 // all its intents: each intent's first attempt deposits Ratio tokens, up
-// to Burst; each retry takes one token, and is not sent without one. The
+// to Burst; each retry takes one token, and is not sent without one (a
+// retry whose wait the caller's context ends gives its token back). The
 // bucket starts full. So the requests a Client sends are at most
 // (1+Ratio)·intents + Burst, however sick the server.
 type BudgetConfig struct {

@@ -21,8 +21,12 @@
 // Transport errors (connection refused, reset or closed early; a timed-out
 // attempt) and the answers 409 (the key is in flight), 425, 429, 500, 502,
 // 503 and 504 are retried, after a full-jitter exponential backoff, and no
-// sooner than the server's Retry-After. Every other answer, 2xx and 4xx
-// alike, is final and returned. The caller's context cancelled ends it.
+// sooner than the server's Retry-After, unless the server replayed them
+// from its record of the key (Idempotent-Replayed: true), which a retry
+// would get again. Every other answer, 2xx and 4xx alike, is final and
+// returned. A redirect is followed only when it sends the same request
+// again (307, 308); any other (a POST's 303 See Other) is the answer. The
+// caller's context cancelled ends it.
 //
 // # Bounds
 //

@@ -22,7 +22,9 @@ func TestMain(m *testing.M) { dbtest.Main(m) }
 // charges is a real idemhttp.Middleware on a real PostgreSQL, in front of
 // a handler that writes a charge in the middleware's transaction. A body
 // saying "flaky" fails its key's first run with 503 (not stored: the
-// retry runs the handler again); one saying "slow" waits for release.
+// retry runs the handler again); one saying "slow" waits for release; one
+// saying "taken" is refused with a 409 of the handler's own, which the
+// middleware stores like any business answer.
 type charges struct {
 	db      *pgxpool.Pool
 	url     string
@@ -64,6 +66,9 @@ func (s *charges) charge(w http.ResponseWriter, r *http.Request) {
 	case strings.Contains(string(body), "slow"):
 		s.entered <- struct{}{}
 		<-s.release
+	case strings.Contains(string(body), "taken"):
+		http.Error(w, "that name is taken", http.StatusConflict)
+		return
 	}
 	tx, err := idemhttp.Tx(r.Context())
 	var id int64
@@ -194,4 +199,25 @@ func TestAgainstTheMiddlewareInFlight(t *testing.T) {
 	require.Equal(t, 2, resp.Attempts)
 	require.Equal(t, firstBody, got, "the duplicate gets the first request's answer")
 	require.Equal(t, map[string]int{key: 1}, s.chargesByKey(t))
+}
+
+// TestAStoredAnswerIsFinal: a retryable status that the server replays
+// from its record (a handler's own 409, a workflow's stored 500) is the
+// key's answer for good: the client returns it, as Replayed, instead of
+// asking again until its attempts or its budget run out.
+//
+// Mutation caught: a replayed answer treated by its status alone (10
+// attempts, then ErrAttemptsExhausted, and the budget spent).
+func TestAStoredAnswerIsFinal(t *testing.T) {
+	t.Parallel()
+	s := newCharges(t)
+	c, clk := newClient(t, Config{})
+	resp, got := send(t, c, s.url, "", `{"taken":true}`)
+	require.Equal(t, http.StatusConflict, resp.StatusCode, got)
+	require.True(t, resp.Replayed)
+	require.Equal(t, 2, resp.Attempts, "the first answer's 409 is retried once; its replay is final")
+	require.Len(t, clk.sleeps(), 1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	require.Equal(t, map[string]int{resp.Key: 1}, s.runs)
 }
