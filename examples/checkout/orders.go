@@ -77,7 +77,7 @@ func (a *app) patchOrder(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, workflow.Problem(http.StatusUnauthorized, err.Error()))
 		return
 	}
-	if r.Header.Values("If-Match") == nil {
+	if ifMatch := r.Header.Values("If-Match"); ifMatch == nil || namesAnyVersion(ifMatch) {
 		idemhttp.WritePrecondition(w, idemhttp.ErrPreconditionRequired)
 		return
 	}
@@ -110,6 +110,14 @@ func (a *app) patchOrder(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("ETag", idemhttp.ETag(updated.version))
 		writeJSON(w, http.StatusOK, updated)
 	}
+}
+
+// namesAnyVersion reports whether the If-Match values are "*", which
+// matches every version of an existing order: a PATCH under it would
+// overwrite what it did not see, and its retry would apply again, so the
+// route takes it as no If-Match at all (428).
+func namesAnyVersion(ifMatch []string) bool {
+	return strings.Trim(strings.Join(ifMatch, ","), " \t") == "*"
 }
 
 // setAddress sets the shipping address of tenant's order id in tx, if r's

@@ -104,7 +104,8 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	checkouts, err := idemhttp.Workflow(engine, checkout, idemhttp.WorkflowConfig{Logger: logger, Tenant: authenticatedTenant})
+	checkouts, err := idemhttp.Workflow(engine, checkout, idemhttp.WorkflowConfig{Logger: logger, Tenant: authenticatedTenant,
+		MaxWait: maxWaitWithin(f.limits.write)})
 	if err != nil {
 		return err
 	}
@@ -316,6 +317,21 @@ const (
 	// maxHeaderBytes bounds a request's headers (the default is 1 MiB).
 	maxHeaderBytes = 64 << 10
 )
+
+// maxWaitWithin is how long a checkout may wait for its key in flight
+// (Prefer: wait): idemhttp.MaxWaitDefault, but at most half the write
+// timeout, in whole seconds, so that the answer after the wait is written
+// before the server cuts the connection; no wait (-1) when that is under a
+// second. A write timeout of 0 or less is none: the default.
+func maxWaitWithin(write time.Duration) time.Duration {
+	if write <= 0 {
+		return idemhttp.MaxWaitDefault
+	}
+	if wait := (write / 2).Truncate(time.Second); wait >= time.Second {
+		return min(idemhttp.MaxWaitDefault, wait)
+	}
+	return -1
+}
 
 // listen serves h on addr, within limits, and returns the server and the
 // address it got.
