@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -55,6 +56,9 @@ time per statement, rows written, client CPU (see docs/benchmarks.md).`,
 				return usageError{fmt.Errorf("--network-delay must not be negative")}
 			}
 			cfg.DatabaseURL = opts.databaseURL
+			if self, err := os.Executable(); err == nil {
+				cfg.Worker = []string{self, "bench-worker"}
+			}
 			cfg.Logger = slog.New(slog.NewTextHandler(opts.stderr, nil))
 			report, err := bench.Run(cmd.Context(), cfg)
 			if err != nil {

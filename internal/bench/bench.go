@@ -93,11 +93,11 @@ type Report struct {
 	Results []Result `json:"results"`
 	// Explain is the explain case's breakdown, one per workload.
 	Explain  []Breakdown `json:"explain,omitempty"`
-	Network  string    `json:"network"`
-	Machine  string    `json:"machine"`
-	Postgres string    `json:"postgres"`
-	Started  time.Time `json:"started"`
-	Took     string    `json:"took"`
+	Network  string      `json:"network"`
+	Machine  string      `json:"machine"`
+	Postgres string      `json:"postgres"`
+	Started  time.Time   `json:"started"`
+	Took     string      `json:"took"`
 }
 
 // Run runs every case.

@@ -2,14 +2,36 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/onceflow/onceflow/recovery"
 )
 
 // op is one operation; i numbers operations uniquely within a side.
 type op func(ctx context.Context, i int64) error
+
+// errGaveUp is an operation's error that does not end a run: the
+// operation did not complete and is not counted (see contention).
+var errGaveUp = errors.New("operation gave up")
+
+// contention returns fn, but a claim that gave up waiting for a row lock
+// (recovery.InFlightError.Contended, on an overloaded server) is counted
+// in gaveUp and does not end the run: an application would retry it.
+func contention(fn op, gaveUp *atomic.Int64) op {
+	return func(ctx context.Context, i int64) error {
+		err := fn(ctx, i)
+		var inFlight *recovery.InFlightError
+		if errors.As(err, &inFlight) && inFlight.Contended {
+			gaveUp.Add(1)
+			return errGaveUp
+		}
+		return err
+	}
+}
 
 // throughput runs the two sides in alternation, rounds times, each for d
 // with c workers, and returns operations per second for each.
@@ -49,7 +71,11 @@ func runFor(ctx context.Context, d time.Duration, c int, fn op, next *atomic.Int
 	for range c {
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
-				if err := fn(ctx, next.Add(1)); err != nil {
+				err := fn(ctx, next.Add(1))
+				if errors.Is(err, errGaveUp) {
+					continue
+				}
+				if err != nil {
 					once.Do(func() { first = err })
 					return
 				}
