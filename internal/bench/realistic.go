@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -182,7 +183,10 @@ func realisticCase(ctx context.Context, srv *server, cfg Config) ([]Result, erro
 	if err != nil {
 		return nil, err
 	}
-	var results []Result
+	results, err := networkCost(ctx, direct, db, cfg.NetworkDelay)
+	if err != nil {
+		return nil, err
+	}
 	for _, c := range []int{1, 16} {
 		var gaveUp atomic.Int64
 		once, floor, err := throughput(ctx, cfg.Rounds, cfg.Round, c,
@@ -203,4 +207,28 @@ func realisticCase(ctx context.Context, srv *server, cfg Config) ([]Result, erro
 		return nil, err
 	}
 	return append(results, counts...), nil
+}
+
+// networkCost measures what the network adds to a round trip: the median
+// SELECT 1 through it against the same directly.
+func networkCost(ctx context.Context, direct, db *database, delay time.Duration) ([]Result, error) {
+	if delay <= 0 {
+		return nil, nil
+	}
+	var p50 [2]float64
+	for i, d := range []*database{db, direct} {
+		pool := d.pool
+		var next atomic.Int64
+		ds, err := latencies(ctx, 200, func(ctx context.Context, _ int64) error {
+			_, err := pool.Exec(ctx, `SELECT 1`)
+			return err
+		}, &next)
+		if err != nil {
+			return nil, err
+		}
+		p50[i] = ms(percentile(ds, 50))
+	}
+	return []Result{{Figure: "network: SELECT 1 round trip, p50, through the proxy vs direct", Onceflow: p50[0], Floor: p50[1],
+		Unit: "ms", Ratio: p50[0] - p50[1], Target: "reported", Pass: true,
+		Note: fmt.Sprintf("ratio column: the difference; nominal %s (2 × %s)", 2*delay, delay)}}, nil
 }
