@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -99,8 +100,8 @@ type worker struct {
 
 // startWorker starts a worker process and waits for its "ready".
 func startWorker(ctx context.Context, cfg Config, url, id string) (*worker, error) {
-	args := append(cfg.Worker[1:len(cfg.Worker):len(cfg.Worker)], "--network-delay", cfg.NetworkDelay.String(),
-		"--concurrency", fmt.Sprint(scaleWorkers), "--id", id)
+	args := slices.Concat(cfg.Worker[1:], []string{"--network-delay", cfg.NetworkDelay.String(),
+		"--concurrency", fmt.Sprint(scaleWorkers), "--id", id})
 	w := &worker{cmd: exec.CommandContext(ctx, cfg.Worker[0], args...)}
 	// The URL holds a password: the environment, not the command line.
 	w.cmd.Env = append(os.Environ(), WorkerURLEnv+"="+url)
