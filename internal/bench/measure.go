@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,14 @@ type op func(ctx context.Context, i int64) error
 // errGaveUp is an operation's error that does not end a run: the
 // operation did not complete and is not counted (see contention).
 var errGaveUp = errors.New("operation gave up")
+
+// gaveUpNote says how many claims gave up, if any did.
+func gaveUpNote(n int64) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d claims gave up on a row lock (lock_timeout), not counted", n)
+}
 
 // contention returns fn, but a claim that gave up waiting for a row lock
 // (recovery.InFlightError.Contended, on an overloaded server) is counted
@@ -34,8 +43,11 @@ func contention(fn op, gaveUp *atomic.Int64) op {
 }
 
 // throughput runs the two sides in alternation, rounds times, each for d
-// with c workers, and returns operations per second for each.
-func throughput(ctx context.Context, rounds int, d time.Duration, c int, onceflow, floor op) (float64, float64, error) {
+// with c workers, and returns operations per second for each, and how
+// many claims gave up on a row lock (see contention).
+func throughput(ctx context.Context, rounds int, d time.Duration, c int, onceflow, floor op) (float64, float64, int64, error) {
+	var gaveUp atomic.Int64
+	onceflow, floor = contention(onceflow, &gaveUp), contention(floor, &gaveUp)
 	var (
 		next         atomic.Int64
 		opsO, opsF   int64
@@ -49,13 +61,13 @@ func throughput(ctx context.Context, rounds int, d time.Duration, c int, onceflo
 		}{{onceflow, &opsO, &timeO}, {floor, &opsF, &timeF}} {
 			n, took, err := runFor(ctx, d, c, side.run, &next)
 			if err != nil {
-				return 0, 0, err
+				return 0, 0, 0, err
 			}
 			*side.ops += n
 			*side.took += took
 		}
 	}
-	return float64(opsO) / timeO.Seconds(), float64(opsF) / timeF.Seconds(), nil
+	return float64(opsO) / timeO.Seconds(), float64(opsF) / timeF.Seconds(), gaveUp.Load(), nil
 }
 
 // runFor runs fn with c workers for about d and returns the operations done.

@@ -188,17 +188,13 @@ func realisticCase(ctx context.Context, srv *server, cfg Config) ([]Result, erro
 		return nil, err
 	}
 	for _, c := range []int{1, 16} {
-		var gaveUp atomic.Int64
-		once, floor, err := throughput(ctx, cfg.Rounds, cfg.Round, c,
-			contention(realisticOnceflow(engine, wf, fmt.Sprintf("c%d-", c)), &gaveUp),
-			realisticFloor(db.pool, fmt.Sprintf("f%d-", c), nil))
+		once, floor, gaveUp, err := throughput(ctx, cfg.Rounds, cfg.Round, c,
+			realisticOnceflow(engine, wf, fmt.Sprintf("c%d-", c)), realisticFloor(db.pool, fmt.Sprintf("f%d-", c), nil))
 		if err != nil {
 			return nil, err
 		}
 		r := ratio(fmt.Sprintf("realistic checkout (3 lines + stock), network, concurrency %d", c), once, floor, "/s", 0.90)
-		if n := gaveUp.Load(); n > 0 {
-			r.Note = fmt.Sprintf("%d claims gave up on a row lock (lock_timeout), not counted", n)
-		}
+		r.Note = gaveUpNote(gaveUp)
 		results = append(results, r)
 	}
 	counts, err := countPerOp(ctx, srv, db, 200, "realistic checkout",
