@@ -49,7 +49,8 @@ deploy's workflow definitions against the ones in flight.`,
 	flags.StringVar(&opts.databaseURL, "database-url", "", "PostgreSQL URL (default: $"+pgcluster.URLEnv+")")
 	flags.StringVar(&opts.schema, "schema", "", `schema holding onceflow's tables (default "public")`)
 	flags.BoolVarP(&opts.verbose, "verbose", "v", false, "log what happens on standard error")
-	root.AddCommand(newMigrate(opts), newSweeper(opts), newKeys(opts), newOutbox(opts), newWorkflows(opts), newBench(opts))
+	root.AddCommand(newMigrate(opts), newSweeper(opts), newKeys(opts), newOutbox(opts), newWorkflows(opts), newBench(opts),
+		newBenchWorker(opts))
 	root.AddCommand(newDocs(root, opts))
 	return root
 }

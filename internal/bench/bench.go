@@ -35,11 +35,35 @@ type Config struct {
 	// one million.
 	LargeTable int
 	// Cases, if not empty, runs only the cases of these names (see
-	// CaseNames).
+	// CaseNames). Empty runs every case but the opt-in ones (explain).
 	Cases []string
+	// NoFsync runs the throwaway server with fsync and full_page_writes
+	// off: faster, not what production runs. false (the default) is
+	// durable. It does not apply to DatabaseURL.
+	NoFsync bool
+	// NetworkDelay is the one-way delay of the network between the
+	// application and the database in the realistic and scale cases: a
+	// proxy adds it to every message in each direction. 0 connects
+	// directly, over loopback. The command's default is
+	// NetworkDelayDefault.
+	NetworkDelay time.Duration
+	// Explain adds the explain case: a per-workflow breakdown of what
+	// onceflow and the floor cost the database and the client.
+	Explain bool
+	// ExplainWorkflows is how many workflows each side of the breakdown
+	// runs. 0 means ExplainWorkflowsDefault.
+	ExplainWorkflows int
+	// Worker is the command line that runs one scale worker process (see
+	// RunWorker): the onceflow binary and its hidden subcommand. nil leaves
+	// the scale case out.
+	Worker []string
 	// Logger receives progress. nil discards it.
 	Logger *slog.Logger
 }
+
+// NetworkDelayDefault is the one-way delay of a network in one zone, which
+// the command's --network-delay defaults to.
+const NetworkDelayDefault = 250 * time.Microsecond
 
 // CaseNames lists the cases of the suite, in the order they run.
 func CaseNames() []string {
@@ -66,11 +90,14 @@ type Result struct {
 
 // Report is a run's results and where they were measured.
 type Report struct {
-	Results  []Result  `json:"results"`
-	Machine  string    `json:"machine"`
-	Postgres string    `json:"postgres"`
-	Started  time.Time `json:"started"`
-	Took     string    `json:"took"`
+	Results []Result `json:"results"`
+	// Explain is the explain case's breakdown, one per workload.
+	Explain  []Breakdown `json:"explain,omitempty"`
+	Network  string      `json:"network"`
+	Machine  string      `json:"machine"`
+	Postgres string      `json:"postgres"`
+	Started  time.Time   `json:"started"`
+	Took     string      `json:"took"`
 }
 
 // Run runs every case.
@@ -78,6 +105,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.Round = cmp.Or(cfg.Round, time.Second)
 	cfg.Rounds = cmp.Or(cfg.Rounds, 5)
 	cfg.LargeTable = cmp.Or(cfg.LargeTable, 1_000_000)
+	cfg.ExplainWorkflows = cmp.Or(cfg.ExplainWorkflows, ExplainWorkflowsDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -100,19 +128,38 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("no case %q; the cases are %s", name, strings.Join(CaseNames(), ", "))
 		}
 	}
+	report.Network = network(cfg.NetworkDelay)
 	for _, c := range cases {
-		if len(cfg.Cases) > 0 && !slices.Contains(cfg.Cases, c.name) {
+		if !cfg.runs(c) {
 			continue
 		}
 		cfg.Logger.Info("running", slog.String("case", c.name))
-		results, err := c.run(ctx, srv, cfg)
-		if err != nil {
+		if err := c.run(ctx, srv, cfg, report); err != nil {
 			return nil, fmt.Errorf("case %s: %w", c.name, err)
 		}
-		report.Results = append(report.Results, results...)
 	}
 	report.Took = time.Since(started).Round(time.Second).String()
 	return report, nil
+}
+
+// runs reports whether the run includes case c.
+func (cfg Config) runs(c benchCase) bool {
+	switch {
+	case len(cfg.Cases) > 0:
+		return slices.Contains(cfg.Cases, c.name) || (c.name == explainName && cfg.Explain)
+	case c.name == explainName:
+		return cfg.Explain
+	case c.name == scaleName:
+		return cfg.Worker != nil
+	}
+	return true
+}
+
+func network(delay time.Duration) string {
+	if delay <= 0 {
+		return "realistic and scale cases over loopback, directly"
+	}
+	return fmt.Sprintf("realistic and scale cases through a proxy adding %s each way; other cases over loopback, directly", delay)
 }
 
 // Passed reports whether every figure met its target.
@@ -127,7 +174,7 @@ func (r *Report) Passed() bool {
 
 // WriteTable prints the report as an aligned table.
 func (r *Report) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "onceflow bench: %s; %s; took %s\n\n", r.Machine, r.Postgres, r.Took)
+	fmt.Fprintf(w, "onceflow bench: %s; took %s\n%s\nnetwork: %s\n\n", r.Machine, r.Took, r.Postgres, r.Network)
 	t := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(t, "FIGURE\tONCEFLOW\tFLOOR\tRATIO\tTARGET\tRESULT\tNOTE")
 	for _, res := range r.Results {
@@ -138,7 +185,16 @@ func (r *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", res.Figure, value(res.Onceflow, res.Unit), value(res.Floor, res.Unit),
 			number(res.Ratio), res.Target, verdict, res.Note)
 	}
-	return t.Flush()
+	if err := t.Flush(); err != nil {
+		return err
+	}
+	for _, b := range r.Explain {
+		fmt.Fprintln(w)
+		if err := b.WriteTable(w); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // WriteJSON prints the report as JSON.

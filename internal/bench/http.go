@@ -78,7 +78,7 @@ func httpCase(ctx context.Context, srv *server, cfg Config) ([]Result, error) {
 		{"idemhttp, trivial handler, vs without", "/idem", "/plain", 0.8},
 		{"idemhttp, handler writing one row, vs without", "/idem-write", "/plain-write", 0},
 	} {
-		once, floor, err := throughput(ctx, cfg.Rounds, cfg.Round, 1, post(pair.idem, true), post(pair.plain, false))
+		once, floor, _, err := throughput(ctx, cfg.Rounds, cfg.Round, 1, post(pair.idem, true), post(pair.plain, false))
 		if err != nil {
 			return nil, err
 		}

@@ -2,18 +2,52 @@ package bench
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/onceflow/onceflow/recovery"
 )
 
 // op is one operation; i numbers operations uniquely within a side.
 type op func(ctx context.Context, i int64) error
 
+// errGaveUp is an operation's error that does not end a run: the
+// operation did not complete and is not counted (see contention).
+var errGaveUp = errors.New("operation gave up")
+
+// gaveUpNote says how many claims gave up, if any did.
+func gaveUpNote(n int64) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d claims gave up on a row lock (lock_timeout), not counted", n)
+}
+
+// contention returns fn, but a claim that gave up waiting for a row lock
+// (recovery.InFlightError.Contended, on an overloaded server) is counted
+// in gaveUp and does not end the run: an application would retry it.
+func contention(fn op, gaveUp *atomic.Int64) op {
+	return func(ctx context.Context, i int64) error {
+		err := fn(ctx, i)
+		var inFlight *recovery.InFlightError
+		if errors.As(err, &inFlight) && inFlight.Contended {
+			gaveUp.Add(1)
+			return errGaveUp
+		}
+		return err
+	}
+}
+
 // throughput runs the two sides in alternation, rounds times, each for d
-// with c workers, and returns operations per second for each.
-func throughput(ctx context.Context, rounds int, d time.Duration, c int, onceflow, floor op) (float64, float64, error) {
+// with c workers, and returns operations per second for each, and how
+// many claims gave up on a row lock (see contention).
+func throughput(ctx context.Context, rounds int, d time.Duration, c int, onceflow, floor op) (float64, float64, int64, error) {
+	var gaveUp atomic.Int64
+	onceflow, floor = contention(onceflow, &gaveUp), contention(floor, &gaveUp)
 	var (
 		next         atomic.Int64
 		opsO, opsF   int64
@@ -27,13 +61,13 @@ func throughput(ctx context.Context, rounds int, d time.Duration, c int, onceflo
 		}{{onceflow, &opsO, &timeO}, {floor, &opsF, &timeF}} {
 			n, took, err := runFor(ctx, d, c, side.run, &next)
 			if err != nil {
-				return 0, 0, err
+				return 0, 0, 0, err
 			}
 			*side.ops += n
 			*side.took += took
 		}
 	}
-	return float64(opsO) / timeO.Seconds(), float64(opsF) / timeF.Seconds(), nil
+	return float64(opsO) / timeO.Seconds(), float64(opsF) / timeF.Seconds(), gaveUp.Load(), nil
 }
 
 // runFor runs fn with c workers for about d and returns the operations done.
@@ -49,7 +83,11 @@ func runFor(ctx context.Context, d time.Duration, c int, fn op, next *atomic.Int
 	for range c {
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
-				if err := fn(ctx, next.Add(1)); err != nil {
+				err := fn(ctx, next.Add(1))
+				if errors.Is(err, errGaveUp) {
+					continue
+				}
+				if err != nil {
 					once.Do(func() { first = err })
 					return
 				}

@@ -50,7 +50,7 @@ func pacingCase(ctx context.Context, srv *server, cfg Config) ([]Result, error) 
 	paced, plain := pacedCheckoutWorkflow(), checkoutWorkflow()
 	var results []Result
 	for _, c := range []int{1, 16} {
-		once, floor, err := throughput(ctx, cfg.Rounds, cfg.Round, c,
+		once, floor, gaveUp, err := throughput(ctx, cfg.Rounds, cfg.Round, c,
 			checkoutOnceflow(engine, paced, fmt.Sprintf("p%d-", c)), checkoutOnceflow(engine, plain, fmt.Sprintf("u%d-", c)))
 		if err != nil {
 			return nil, err
@@ -58,6 +58,9 @@ func pacingCase(ctx context.Context, srv *server, cfg Config) ([]Result, error) 
 		r := ratio(fmt.Sprintf("checkout with foreign.Limit vs without, concurrency %d", c), once, floor, "/s", 0.5)
 		perCall := time.Duration(float64(time.Second) * float64(c) * (1/once - 1/floor))
 		r.Note = fmt.Sprintf("floor: the same checkout unpaced; limiter cost ≈ %s per call", perCall.Round(10*time.Microsecond))
+		if gaveUp > 0 {
+			r.Note += "; " + gaveUpNote(gaveUp)
+		}
 		results = append(results, r)
 	}
 	return results, nil

@@ -35,4 +35,10 @@
 // often it has, counted before the client's connection closes: once a
 // client sees the fault, Fired already reports it. Everything else passes
 // byte for byte.
+//
+// # Delay
+//
+// [Options.Delay] makes the proxy a network: every message arrives that
+// much later in each direction, without limiting the throughput, so a
+// benchmark's round trips cost what they cost between two hosts.
 package pgproxy

@@ -38,6 +38,9 @@ func (l *link) serve() {
 	defer l.p.wg.Done()
 	defer l.p.remove(l)
 	defer l.close()
+	if !l.delayClient() {
+		return
+	}
 	r := bufio.NewReader(l.client)
 	server, err := l.start(r)
 	if err != nil {
@@ -84,6 +87,18 @@ func (l *link) start(r *bufio.Reader) (net.Conn, error) {
 		l.ends = 1 // the server ends the startup with a ReadyForQuery
 		return server, nil
 	}
+}
+
+// delayClient delays what the link writes to the client by the proxy's
+// delay, unless the link was closed.
+func (l *link) delayClient() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.client = delay(l.client, l.p.delay, &l.p.wg)
+	return true
 }
 
 // connect dials the server for the link, unless the link was closed.

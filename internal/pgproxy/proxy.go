@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -19,6 +20,7 @@ import (
 // faults the statements its armed rules match.
 type Proxy struct {
 	network, address string // the server's
+	delay            time.Duration
 	ln               net.Listener
 	ctx              context.Context // ends at Close, and with it every dial
 	cancel           context.CancelFunc
@@ -30,15 +32,31 @@ type Proxy struct {
 	closed bool
 }
 
+// Options configures a proxy. The zero value forwards every message at
+// once.
+type Options struct {
+	// Delay is added to every message in each direction, as a network
+	// between client and server adds it: a round trip takes twice Delay
+	// longer, and messages sent together still arrive together. 0 adds
+	// none.
+	Delay time.Duration
+}
+
 // Listen starts a proxy on a free loopback port to the server at address
 // on network ("tcp" host:port, or "unix" and a socket's path).
 func Listen(network, address string) (*Proxy, error) {
+	return ListenWith(network, address, Options{})
+}
+
+// ListenWith is Listen with options.
+func ListenWith(network, address string, opts Options) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("pgproxy: listen: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Proxy{network: network, address: address, ln: ln, ctx: ctx, cancel: cancel, links: map[*link]struct{}{}}
+	p := &Proxy{network: network, address: address, delay: opts.Delay, ln: ln, ctx: ctx, cancel: cancel,
+		links: map[*link]struct{}{}}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -49,20 +67,31 @@ func Listen(network, address string) (*Proxy, error) {
 // user and settings, the proxy's host and port.
 func Start(t testing.TB, connString string) (*Proxy, string) {
 	t.Helper()
+	p, routed, err := For(connString, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p, routed
+}
+
+// For starts a proxy to the server connString names and returns it with
+// connString routed through it: the same database, user and settings, the
+// proxy's host and port. The caller closes it.
+func For(connString string, opts Options) (*Proxy, string, error) {
 	cfg, err := pgconn.ParseConfig(connString)
 	if err != nil {
-		t.Fatalf("pgproxy: %v", err)
+		return nil, "", fmt.Errorf("pgproxy: %w", err)
 	}
 	network, address := "tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
 	if strings.HasPrefix(cfg.Host, "/") {
 		network, address = "unix", filepath.Join(cfg.Host, ".s.PGSQL."+strconv.Itoa(int(cfg.Port)))
 	}
-	p, err := Listen(network, address)
+	p, err := ListenWith(network, address, opts)
 	if err != nil {
-		t.Fatal(err)
+		return nil, "", err
 	}
-	t.Cleanup(p.Close)
-	return p, p.route(connString)
+	return p, p.route(connString), nil
 }
 
 // Addr returns the host:port the proxy listens on.
@@ -187,5 +216,5 @@ func (p *Proxy) dial() (net.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgproxy: dial %s: %w", p.address, err)
 	}
-	return conn, nil
+	return delay(conn, p.delay, &p.wg), nil
 }

@@ -260,3 +260,44 @@ func requireNoProxyGoroutines(t *testing.T) {
 		assert.Empty(c, left, "goroutines of the proxy")
 	}, 10*time.Second, 10*time.Millisecond)
 }
+
+// TestDelay checks that a delayed proxy adds its delay in each direction
+// to every round trip, measured on the client's clock, and still forwards
+// everything unchanged.
+func TestDelay(t *testing.T) {
+	t.Parallel()
+	const delay = 5 * time.Millisecond
+	dbURL := dbtest.NewDatabase(t, dbtest.Options{})
+	proxy, proxied, err := pgproxy.For(dbURL, pgproxy.Options{Delay: delay})
+	require.NoError(t, err)
+	t.Cleanup(proxy.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, proxied)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+
+	for range 5 {
+		started := time.Now()
+		_, err := conn.Exec(ctx, `SELECT 1`)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, time.Since(started), 2*delay, "a round trip crosses the proxy twice")
+	}
+	batch := &pgx.Batch{}
+	for n := range 3 {
+		batch.Queue(`SELECT $1::int`, n)
+	}
+	started := time.Now()
+	results := conn.SendBatch(ctx, batch)
+	for n := range 3 {
+		var got int
+		require.NoError(t, results.QueryRow().Scan(&got))
+		require.Equal(t, n, got)
+	}
+	require.NoError(t, results.Close())
+	require.GreaterOrEqual(t, time.Since(started), 2*delay)
+	big := strings.Repeat("x", 1<<20)
+	var echoed string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT $1::text`, big).Scan(&echoed))
+	require.Equal(t, big, echoed)
+}
