@@ -30,6 +30,7 @@ type charges struct {
 	url     string
 	entered chan struct{}
 	release chan struct{}
+	let     sync.Once // closes release, for tests that also release it on cleanup
 
 	mu   sync.Mutex
 	runs map[string]int
@@ -37,12 +38,27 @@ type charges struct {
 
 func newCharges(t *testing.T) *charges {
 	t.Helper()
+	return newChargesWith(t, idemhttp.Config{}, nil)
+}
+
+// newChargesWith is newCharges with the middleware configured by cfg (its
+// Tenant is set), and arrived, when set, told of each request as it comes
+// in, before the middleware.
+func newChargesWith(t *testing.T, cfg idemhttp.Config, arrived func(*http.Request)) *charges {
+	t.Helper()
 	s := &charges{db: dbtest.NewPool(t, 8), entered: make(chan struct{}, 1), release: make(chan struct{}), runs: map[string]int{}}
 	_, err := s.db.Exec(context.Background(), `CREATE TABLE charges (id bigserial PRIMARY KEY, key text NOT NULL, body text NOT NULL)`)
 	require.NoError(t, err)
-	mw, err := idemhttp.Middleware(s.db, idemhttp.Config{Tenant: func(*http.Request) (string, error) { return "acme", nil }})
+	cfg.Tenant = func(*http.Request) (string, error) { return "acme", nil }
+	mw, err := idemhttp.Middleware(s.db, cfg)
 	require.NoError(t, err)
-	srv := httptest.NewServer(mw(http.HandlerFunc(s.charge)))
+	h := mw(http.HandlerFunc(s.charge))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if arrived != nil {
+			arrived(r)
+		}
+		h.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 	s.url = srv.URL
 	return s

@@ -9,11 +9,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/onceflow/onceflow/idemclient"
 	"github.com/onceflow/onceflow/internal/pgcluster"
 	"github.com/onceflow/onceflow/recovery"
 )
@@ -45,7 +48,10 @@ func demo(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(keys)
-	client := demoClient{token: newAPIKey()}
+	client, err := newDemoClient(out)
+	if err != nil {
+		return err
+	}
 	keysFile := filepath.Join(keys, "api-keys")
 	if err := os.WriteFile(keysFile, []byte(client.token+" "+demoClientTenant+"\n"), 0o600); err != nil {
 		return err
@@ -62,10 +68,12 @@ func demo(ctx context.Context, out io.Writer) error {
 	defer server.Kill() // on the way out, whatever happened
 	key := demoKey()
 	say("• POST /v1/checkouts  Idempotency-Key: %s  (the server will die right after the charge)", key)
-	if _, err := client.post(ctx, server.URL, key); err == nil {
-		return errors.New("the server answered although it should have died")
+	gaveUp, err := client.untilExit(ctx, server, key)
+	if err != nil {
+		return err
 	}
 	say("  → no answer: the server exited with code %d before recording the charge", server.Wait())
+	say("  → the client stops retrying (%d attempt) and keeps the key for later, as a job queue would", gaveUp.Attempts)
 
 	db, err := openDatabase(ctx, cluster.URL())
 	if err != nil {
@@ -85,12 +93,15 @@ func demo(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer server.Kill()
-	say("• restarted the server; the client retries with the same key")
-	first, err := client.retryUntilDone(ctx, server.URL, key, say)
+	say("• restarted the server; the client sends the checkout again with the same key, and %s: wait=%d", idemclient.PreferHeader, demoWaitSeconds)
+	first, err := client.post(ctx, server.URL, key)
 	if err != nil {
 		return err
 	}
-	say("  → %d %s", first.status, first.body)
+	if applied := first.header.Get(idemclient.PreferenceAppliedHeader); applied != "" {
+		say("  → the server waited for the dead server's lease to run out (%s: %s)", idemclient.PreferenceAppliedHeader, applied)
+	}
+	say("  → %d %s  (%d attempt)", first.status, first.body, first.attempts)
 	var orders int
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM checkout_orders`).Scan(&orders); err != nil {
 		return err
@@ -103,9 +114,9 @@ func demo(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	same := again.status == first.status && bytes.Equal(again.body, first.body)
-	say("• a second retry → %d, Idempotent-Replayed: %s, identical bytes: %t", again.status, again.replayed, same)
-	if orders != 1 || charges != 1 || !same || again.replayed != "true" {
-		return fmt.Errorf("the demo did not go as told: %d orders, %d charges, replayed %q, identical %t", orders, charges, again.replayed, same)
+	say("• a second retry → %d, Idempotent-Replayed: %t, identical bytes: %t", again.status, again.replayed, same)
+	if first.status != http.StatusCreated || orders != 1 || charges != 1 || !same || !again.replayed {
+		return fmt.Errorf("the demo did not go as told: %d, %d orders, %d charges, replayed %t, identical %t", first.status, orders, charges, again.replayed, same)
 	}
 	say("• one order, one charge, one answer. Done.")
 	return nil
@@ -114,54 +125,94 @@ func demo(ctx context.Context, out io.Writer) error {
 // demoClientTenant is the demo client's tenant.
 const demoClientTenant = "acme"
 
-// demoClient is the demo's client, with its API key.
-type demoClient struct{ token string }
+// demoWaitSeconds is the demo client's Prefer: wait: longer than the
+// servers' lease (2s), so that a retry waits for a dead server's lease
+// instead of being told 409.
+const demoWaitSeconds = 5
 
-// demoHTTP gives up on a server that hangs rather than hang the demo.
-var demoHTTP = &http.Client{Timeout: 30 * time.Second}
-
-type answer struct {
-	status     int
-	body       []byte
-	replayed   string
-	retryAfter string
+// demoClient is the demo's client: an idemclient.Client, with its API key,
+// that tells of each retry it waits for.
+type demoClient struct {
+	token  string
+	client *idemclient.Client
 }
 
-// post sends the demo's checkout with key.
+func newDemoClient(out io.Writer) (demoClient, error) {
+	client, err := idemclient.New(idemclient.Config{
+		// Each attempt gives up on a server that hangs rather than hang the demo.
+		HTTPClient: &http.Client{Timeout: 30 * time.Second},
+		Wait:       demoWaitSeconds * time.Second,
+		Hooks: idemclient.Hooks{Wait: func(w idemclient.WaitInfo) {
+			last := strconv.Itoa(w.Status)
+			var urlErr *url.Error
+			if errors.As(w.Err, &urlErr) {
+				last = "no answer (" + urlErr.Err.Error() + ")"
+			}
+			fmt.Fprintf(out, "  → %s; the client sends attempt %d in %s\n", last, w.Attempt, w.Delay.Round(time.Millisecond))
+		}},
+	})
+	return demoClient{token: newAPIKey(), client: client}, err
+}
+
+// answer is a final answer, read whole.
+type answer struct {
+	status   int
+	header   http.Header
+	body     []byte
+	replayed bool
+	attempts int
+}
+
+// request is the demo's checkout with key.
+func (c demoClient) request(ctx context.Context, base, key string) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/checkouts", strings.NewReader(demoBody))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(idemclient.KeyHeader, key)
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	return req, nil
+}
+
+// post sends the demo's checkout with key, retrying as idemclient does,
+// and reads the final answer.
 func (c demoClient) post(ctx context.Context, base, key string) (answer, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/checkouts", bytes.NewReader([]byte(demoBody)))
+	req, err := c.request(ctx, base, key)
 	if err != nil {
 		return answer{}, err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	resp, err := demoHTTP.Do(req)
+	resp, err := c.client.Do(ctx, req)
 	if err != nil {
 		return answer{}, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return answer{resp.StatusCode, body, resp.Header.Get("Idempotent-Replayed"), resp.Header.Get("Retry-After")}, err
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxDemoAnswer))
+	return answer{resp.StatusCode, resp.Header, body, resp.Replayed, resp.Attempts}, err
 }
 
-// retryUntilDone posts until the answer is not 409, waiting as Retry-After
-// says, as a well-behaved client does.
-func (c demoClient) retryUntilDone(ctx context.Context, base, key string, say func(string, ...any)) (answer, error) {
-	for range 30 {
-		a, err := c.post(ctx, base, key)
-		if err != nil || a.status != http.StatusConflict {
-			return a, err
-		}
-		wait, _ := strconv.Atoi(a.retryAfter)
-		say("  → 409: the dead server's lease has not run out yet; Retry-After: %ds", wait)
+// maxDemoAnswer bounds the answer the demo reads.
+const maxDemoAnswer = 1 << 20
+
+// untilExit sends the demo's checkout with key to a server that dies
+// before answering, retrying until the server has exited: then the client
+// gives up for now (the *GiveUpError), keeping the key for later.
+func (c demoClient) untilExit(ctx context.Context, server *serveProcess, key string) (*idemclient.GiveUpError, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
 		select {
-		case <-time.After(time.Duration(max(wait, 1)) * time.Second):
+		case <-server.Done():
+			cancel()
 		case <-ctx.Done():
-			return answer{}, ctx.Err()
 		}
+	}()
+	_, err := c.post(ctx, server.URL, key)
+	var gaveUp *idemclient.GiveUpError
+	if !errors.As(err, &gaveUp) {
+		return nil, fmt.Errorf("the server answered although it should have died (%v)", err)
 	}
-	return answer{}, errors.New("still in flight after 30 retries")
+	return gaveUp, nil
 }
 
 func demoKey() string {

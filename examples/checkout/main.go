@@ -6,6 +6,7 @@
 //	checkout demo                 the story, on a throwaway PostgreSQL
 //	checkout serve [flags]        the checkout API
 //	checkout provider [--addr]    the fake payment provider
+//	checkout load --url URL       many checkouts at once against a running server, retried under their keys
 //	checkout workflows export     its workflow definitions, for onceflow workflows diff
 package main
 
@@ -115,6 +116,6 @@ lists every charge made, with its refund.`,
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return demo(cmd.Context(), cmd.OutOrStdout()) },
 	}
-	root.AddCommand(serveCmd, providerCmd, demoCmd, newWorkflowsCmd())
+	root.AddCommand(serveCmd, providerCmd, demoCmd, newLoadCmd(), newWorkflowsCmd())
 	return root
 }
