@@ -40,8 +40,8 @@ machines). Interrupted (Ctrl-C), it stops and prints what it has. It exits 1 whe
 intent gave up or was not started.
 
 The API key is --api-key, else the first word of --api-key-file (a bare key, or serve's
---api-keys file, whose first line's tenant is used), else $CHECKOUT_API_KEY, as serve
-prints it.`,
+--api-keys file: its first line's token, so that line's tenant), else $CHECKOUT_API_KEY,
+as serve prints it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			key, err := apiKeyFrom(cfg.APIKey, apiKeyFile)
