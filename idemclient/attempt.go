@@ -158,7 +158,7 @@ func (in *intent) contextDone(ctx context.Context) error {
 // giveUp returns the error for giving up for reason, having told the hook.
 func (in *intent) giveUp(reason error) *GiveUpError {
 	g := &GiveUpError{Reason: reason, Key: in.key, Attempts: in.attempts,
-		Status: in.status, Header: in.header, Body: in.body, Err: in.err}
+		Status: in.status, Header: in.header, Body: in.body, Err: in.err, Expires: in.expires}
 	if hook := in.c.cfg.Hooks.GiveUp; hook != nil {
 		hook(GiveUpInfo{Key: in.key, Attempts: in.attempts, Reason: reason, Err: g})
 	}

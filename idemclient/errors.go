@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 )
 
 // The reasons a Client gives up on an intent, found with errors.Is on the
@@ -70,6 +71,13 @@ type GiveUpError struct {
 	// Err is the last attempt's error (or the context's), nil when it got
 	// a response.
 	Err error
+
+	// Expires is the earliest end of the key's lifetime any attempt was
+	// told (Idempotency-Key-Expires, read against the answer's Date and set
+	// on this machine's clock); zero when none was. Keep it with the key:
+	// a retry after it may run as a new request. The last attempt may have
+	// got no answer, so Header need not hold it.
+	Expires time.Time
 }
 
 // Error says why the client gave up, on which key, after how many
@@ -79,7 +87,11 @@ func (e *GiveUpError) Error() string {
 	if e.Err != nil {
 		last = "last error: " + e.Err.Error()
 	}
-	return fmt.Sprintf("%v (key %q, %d attempts, %s)", e.Reason, e.Key, e.Attempts, last)
+	attempts := "attempts"
+	if e.Attempts == 1 {
+		attempts = "attempt"
+	}
+	return fmt.Sprintf("%v (key %q, %d %s, %s)", e.Reason, e.Key, e.Attempts, attempts, last)
 }
 
 // Unwrap returns the reason and the last error, so that errors.Is finds

@@ -73,3 +73,26 @@ func TestNoRetryPastTheKeyLifetime(t *testing.T) {
 		})
 	}
 }
+
+// TestGiveUpKeepsTheEarliestExpiry: the expiry an earlier attempt was told
+// survives a last attempt that got no answer.
+func TestGiveUpKeepsTheEarliestExpiry(t *testing.T) {
+	t.Parallel()
+	c, clk := newClient(t, Config{MaxAttempts: 2, HTTPClient: noKeepAlive()})
+	told := expiring{retryAfter: []string{"1"}, lifetime: []time.Duration{time.Hour}}.handler(clk)
+	srv := newServer(t, clk, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			told(n, w, r)
+			return
+		}
+		drop(t, w)
+	})
+	start := clk.Now()
+	_, err := c.Do(context.Background(), post(t, srv.url, ""))
+	var g *GiveUpError
+	require.ErrorAs(t, err, &g)
+	require.ErrorIs(t, err, ErrAttemptsExhausted)
+	require.Zero(t, g.Status, "the last attempt got no answer")
+	require.WithinDuration(t, start.Add(time.Hour), g.Expires, 2*time.Second, "the first attempt's expiry")
+	require.Contains(t, g.Error(), "2 attempts")
+}
