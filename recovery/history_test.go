@@ -280,3 +280,16 @@ WHERE tenant_id = 'acme' AND key = 'k'`)
 	require.Contains(t, text, "jsonb_build_object", "the expression is in the plan")
 	require.NotContains(t, text, "onceflow_history(", "no function call is left in the plan")
 }
+
+// TestHistoryEntriesOmitNulls: an entry stores only the members it has, so
+// that every transition logs no more bytes than it says.
+func TestHistoryEntriesOmitNulls(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k"}
+	b.claim(t, params(t, key, `{}`))
+	var raw string
+	require.NoError(t, b.db.QueryRow(b.ctx, `SELECT history::text FROM onceflow_keys WHERE tenant_id = $1 AND key = $2`,
+		key.Tenant, key.ID).Scan(&raw))
+	require.Contains(t, raw, `"kind": "claimed"`)
+	require.NotContains(t, raw, "null")
+}
