@@ -3,13 +3,9 @@ package systemtest
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"regexp"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,8 +27,9 @@ const dbfaultLease = time.Second
 // the faults stop. A record whose attempt lost its connection without
 // handing the lease back waits out the lease; its client then waits for
 // Retry-After, which is whole seconds and at least one (up to a second past
-// the lease), and the resumed attempt runs its remaining steps on a shared
-// 2-core machine (a second, generously). The sweeper, every half second, may
+// the lease), plus idemclient's jitter (up to 20ms and a tenth of it), and
+// the resumed attempt runs its remaining steps on a shared 2-core machine
+// (the rest of the second, generously). The sweeper, every half second, may
 // be the one that gets there first.
 const dbfaultMargin = 2 * time.Second
 
@@ -66,15 +63,16 @@ func TestConnectionLossUnderLoad(t *testing.T) {
 	// Straight to PostgreSQL, past any PgBouncer: the killer must keep one
 	// server session of its own, or it could end the one it runs on.
 	killer := dbfaultConnect(t, dbtest.DirectURL(t, e.dbURL))
+	d := dbfaultDriver(t, 3*time.Minute)
+	stats := &d.stats
 	var (
-		stats   dbfaultStats
 		clients sync.WaitGroup
 		begin   = time.Now()
 	)
 	for i, k := range keys {
 		clients.Go(func() {
 			time.Sleep(starts[i]) // the client's moment to arrive, not a synchronisation
-			dbfaultCheckout(ctx, rnd, app.URL, k, &stats, nil)
+			dbfaultCheckout(ctx, d, app.URL, k, nil)
 		})
 	}
 	var terminated, emptyRounds int
@@ -110,7 +108,7 @@ func TestConnectionLossUnderLoad(t *testing.T) {
 	require.LessOrEqual(t, recovery, dbfaultLease+dbfaultMargin,
 		"a record stayed in flight longer than the lease and the margin after the faults stopped")
 	dbfaultAlive(t, app)
-	dbfaultVerify(t, e, app, keys)
+	dbfaultVerify(t, e, d, app, keys)
 }
 
 // TestPostgresRestart: the database server stops mid-run for a seeded 0-5s
@@ -151,8 +149,9 @@ func TestPostgresRestart(t *testing.T) {
 		t.Fatalf("the witness's checkout ended before its charge: %v", err)
 	}
 
+	d := dbfaultDriver(t, 3*time.Minute)
+	stats := &d.stats
 	var (
-		stats    dbfaultStats
 		mu       sync.Mutex
 		keys     []*dbfaultKey
 		next     atomic.Int64
@@ -176,7 +175,7 @@ func TestPostgresRestart(t *testing.T) {
 				mu.Lock()
 				keys = append(keys, k)
 				mu.Unlock()
-				dbfaultCheckout(ctx, rnd, app.URL, k, &stats, giveUp)
+				dbfaultCheckout(ctx, d, app.URL, k, giveUp)
 				if k.first != nil {
 					answered.Add(1)
 				}
@@ -233,7 +232,7 @@ func TestPostgresRestart(t *testing.T) {
 		require.True(t, swept[k.id] || ownCommit, "key %s: completed by the sweeper, as its log says", k.id)
 		late, err := dbfaultPost(ctx, app.URL, k)
 		require.NoError(t, err)
-		require.Equal(t, http.StatusCreated, late.status, late.body)
+		require.Equal(t, http.StatusCreated, late.status, "%s", late.body)
 		require.Equal(t, "true", late.replayed, "key %s: the sweeper's answer is replayed", k.id)
 		k.first = &late
 	}
@@ -241,7 +240,7 @@ func TestPostgresRestart(t *testing.T) {
 		// The outage cut the request off before its first commit: nothing
 		// happened, and a retry is a first execution.
 		k.givesUp = false
-		dbfaultCheckout(ctx, rnd, app.URL, k, &stats, nil)
+		dbfaultCheckout(ctx, d, app.URL, k, nil)
 		require.NotNil(t, k.first, "key %s", k.id)
 		require.Empty(t, k.first.replayed, "key %s had no record to replay", k.id)
 	}
@@ -252,7 +251,7 @@ func TestPostgresRestart(t *testing.T) {
 		stats.serverErrors.Load())
 	require.Positive(t, stats.serverErrors.Load()+stats.transport.Load(), "the clients felt the outage")
 	require.Zero(t, stats.timeouts.Load(), "no request hung")
-	dbfaultVerify(t, e, app, keys)
+	dbfaultVerify(t, e, d, app, keys)
 }
 
 // dbfaultKey is one checkout: its key, its request, and what its client
@@ -261,8 +260,8 @@ type dbfaultKey struct {
 	id      string
 	amount  int64 // unique per key, to find its charge at the provider
 	body    string
-	givesUp bool           // the client stops after an error
-	first   *dbfaultAnswer // the first final answer; nil if the client gave up
+	givesUp bool    // the client stops after an error
+	first   *answer // the first final answer; nil if the client gave up
 }
 
 func dbfaultNewKey(prefix string, i int) *dbfaultKey {
@@ -281,78 +280,41 @@ func dbfaultKeys(prefix string, n int) []*dbfaultKey {
 	return keys
 }
 
-type dbfaultAnswer struct {
-	status     int
-	replayed   string
-	retryAfter string
-	body       string
-}
-
-// dbfaultStats counts the answers that made clients retry.
-type dbfaultStats struct {
-	transport, timeouts, conflicts, serverErrors atomic.Int64
-}
-
-func (s *dbfaultStats) retryable() int64 {
-	return s.transport.Load() + s.conflicts.Load() + s.serverErrors.Load()
-}
-
 // dbfaultHTTP gives up on a request after 30s: a server that holds a
 // request that long under database faults hangs, and the test says so.
 var dbfaultHTTP = &http.Client{Timeout: 30 * time.Second}
 
-func dbfaultPost(ctx context.Context, base string, k *dbfaultKey) (dbfaultAnswer, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/checkouts", strings.NewReader(k.body))
-	if err != nil {
-		return dbfaultAnswer{}, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", k.id)
-	authorize(req)
-	resp, err := dbfaultHTTP.Do(req)
-	if err != nil {
-		return dbfaultAnswer{}, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return dbfaultAnswer{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed"),
-		retryAfter: resp.Header.Get("Retry-After"), body: string(body)}, err
+// dbfaultDriver is the clients of the database fault suites: an attempt
+// that takes 30s hangs (dbfaultHTTP), and the backoff is a random pause of
+// up to 20ms doubled with each retry, at most 200ms, or Retry-After, until
+// bound.
+func dbfaultDriver(t *testing.T, bound time.Duration) *driver {
+	return newDriver(t, driveConfig{maxElapsed: bound, timeout: dbfaultHTTP.Timeout,
+		baseDelay: 20 * time.Millisecond, maxDelay: 200 * time.Millisecond, conns: 16})
 }
 
-// dbfaultCheckout posts k until it gets a final answer, as a well-behaved
-// client does: a transport error, a 409 or a 5xx is retried after
-// Retry-After, or after a short seeded pause when there is none. After a
-// retryable answer, a client that gives up (k.givesUp) stops if giveUp
-// (nil: never) says so, leaving k.first nil.
-func dbfaultCheckout(ctx context.Context, rnd *faults.Source, base string, k *dbfaultKey, stats *dbfaultStats, giveUp func() bool) {
-	for ctx.Err() == nil {
-		a, err := dbfaultPost(ctx, base, k)
-		switch {
-		case err != nil:
-			stats.transport.Add(1)
-			var timeout interface{ Timeout() bool }
-			if errors.As(err, &timeout) && timeout.Timeout() && ctx.Err() == nil {
-				stats.timeouts.Add(1)
+// dbfaultPost sends k once, with no retry.
+func dbfaultPost(ctx context.Context, base string, k *dbfaultKey) (answer, error) {
+	return post(ctx, dbfaultHTTP, base, k.id, k.body)
+}
+
+// dbfaultCheckout sends k through the driver's client, which retries a
+// transport error, a 409 or a 5xx until it gets a final answer, k.first.
+// A client that gives up (k.givesUp) stops after a retryable answer if
+// giveUp (nil: never) says so, leaving k.first nil.
+func dbfaultCheckout(ctx context.Context, d *driver, base string, k *dbfaultKey, giveUp func() bool) {
+	if k.givesUp && giveUp != nil {
+		var stop context.CancelFunc
+		ctx, stop = context.WithCancel(ctx)
+		defer stop()
+		defer d.onRetryable(k.id, func() {
+			if giveUp() {
+				stop() // before the retry is sent
 			}
-		case a.status == http.StatusConflict:
-			stats.conflicts.Add(1)
-		case a.status >= 500:
-			stats.serverErrors.Add(1)
-		default:
-			k.first = &a
-			return
-		}
-		if k.givesUp && giveUp != nil && giveUp() {
-			return
-		}
-		wait := rnd.Duration(20*time.Millisecond, 200*time.Millisecond)
-		if s, err := strconv.Atoi(a.retryAfter); err == nil {
-			wait = time.Duration(s) * time.Second
-		}
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-		}
+		})()
+	}
+	if a, err := d.post(ctx, base, k.id, k.body); err == nil {
+		k.first = &a
 	}
 }
 
@@ -478,7 +440,7 @@ func dbfaultSwept(log string) map[string]bool {
 // one paid order per key and no other, one charge per key and no other,
 // both named in the answer; and a retry of each key replays the answer
 // byte for byte.
-func dbfaultVerify(t *testing.T, e *env, app *serveProcess, keys []*dbfaultKey) {
+func dbfaultVerify(t *testing.T, e *env, d *driver, app *serveProcess, keys []*dbfaultKey) {
 	t.Helper()
 	conn := dbfaultConnect(t, e.dbURL)
 	type order struct{ id, status, chargeID string }
@@ -514,33 +476,19 @@ func dbfaultVerify(t *testing.T, e *env, app *serveProcess, keys []*dbfaultKey) 
 			ChargeID string `json:"charge_id"`
 			Status   string `json:"status"`
 		}
-		require.NoError(t, json.Unmarshal([]byte(k.first.body), &paid), k.first.body)
+		require.NoError(t, json.Unmarshal(k.first.body, &paid), "%s", k.first.body)
 		require.Equal(t, "completed 201", records[k.id], "key %s", k.id)
 		require.Equal(t, []order{{paid.OrderID, "paid", paid.ChargeID}}, orders["cus_"+k.id], "key %s: one paid order, the answer's", k.id)
 		require.Len(t, charges[k.amount], 1, "key %s: one charge", k.id)
 		require.Equal(t, charges[k.amount][0].ID, paid.ChargeID, "key %s: the answer names the charge", k.id)
 
-		again, err := dbfaultReplay(e.ctx, app.URL, k)
+		// Through the client: a pooled connection that a fault ended while
+		// idle fails the first statement sent on it, which onceflow answers
+		// with 503 (fail closed, nothing run), and the client retries.
+		again, err := d.post(e.ctx, app.URL, k.id, k.body)
 		require.NoError(t, err)
 		require.Equal(t, k.first.status, again.status, "key %s", k.id)
-		require.Equal(t, k.first.body, again.body, "key %s: a retry gets the first final answer, byte for byte", k.id)
+		require.Equal(t, string(k.first.body), string(again.body), "key %s: a retry gets the first final answer, byte for byte", k.id)
 		require.Equal(t, "true", again.replayed, "key %s", k.id)
 	}
-}
-
-// dbfaultReplay posts k again until the answer is not a 503: a pooled
-// connection that a fault ended while idle fails the first statement sent
-// on it, which onceflow answers with 503 (fail closed, nothing run) and the
-// client retries. It gives up after ten tries.
-func dbfaultReplay(ctx context.Context, base string, k *dbfaultKey) (dbfaultAnswer, error) {
-	var (
-		a   dbfaultAnswer
-		err error
-	)
-	for range 10 {
-		if a, err = dbfaultPost(ctx, base, k); err != nil || a.status != http.StatusServiceUnavailable {
-			return a, err
-		}
-	}
-	return a, nil
 }

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,17 +23,20 @@ import (
 	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/internal/faults"
+	"github.com/onceflow/onceflow/internal/frontproxy"
 	"github.com/onceflow/onceflow/recovery"
 )
 
 // TestSIGKILLUnderLoad kills the checkout server with SIGKILL at seeded
 // random moments while hundreds of checkouts run, each time with work in
-// flight, and starts a new one on the same database and provider. Clients
-// retry until they get an answer, then retry every key once more. It proves
-// that a server dying anywhere in a checkout loses nothing and repeats
-// nothing: every key ends completed with one order and one charge of its own
-// amount, every retry gets the first answer byte for byte, and every checkout
-// the dead server left in flight was taken over by a new attempt.
+// flight, and starts a new one on the same database and provider. The
+// clients, one idemclient.Client, reach the servers through a proxy with a
+// fixed address and retry each key until it gets an answer; then every key
+// is sent once more. It proves that a server dying anywhere in a checkout
+// loses nothing and repeats nothing: every key ends completed with one order
+// and one charge of its own amount, every retry gets the first answer byte
+// for byte, and every checkout the dead server left in flight was taken
+// over by a new attempt.
 func TestSIGKILLUnderLoad(t *testing.T) {
 	e := newEnv(t)
 	rnd := faults.Rand(t)
@@ -46,8 +48,17 @@ func TestSIGKILLUnderLoad(t *testing.T) {
 
 	conn := killConnect(t, e)
 	checkouts := killCheckouts(n)
-	load := &killLoad{server: &killServer{up: make(chan struct{})}, client: killClient(clients)}
-	ctx, cancel := context.WithTimeout(context.Background(), faults.Size(3*time.Minute, 10*time.Minute))
+	// The clients' one URL: the servers behind it restart on new ports.
+	// While none listens, requests wait there for the next; a request the
+	// killed server took with it ends with its connection closed, as it
+	// would without the proxy.
+	front := frontproxy.New(t, frontproxy.Config{Abort: true, MaxIdleConns: clients})
+	bound := faults.Size(3*time.Minute, 10*time.Minute)
+	// The clients retry a connection error or a 5xx soon (20ms at first),
+	// a 409 after Retry-After, until the test's bound.
+	load := newDriver(t, driveConfig{maxElapsed: bound, timeout: time.Minute,
+		baseDelay: 20 * time.Millisecond, maxDelay: 2 * time.Second, conns: clients})
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	results := make([]killResult, n)
 	var (
 		wg      sync.WaitGroup
@@ -62,7 +73,7 @@ func TestSIGKILLUnderLoad(t *testing.T) {
 	for range clients {
 		wg.Go(func() {
 			for i := range queue {
-				results[i].answer, results[i].err = load.checkout(ctx, checkouts[i])
+				results[i].answer, results[i].err = load.post(ctx, front.URL, checkouts[i].key, checkouts[i].body)
 				settled.Add(1)
 			}
 		})
@@ -73,7 +84,7 @@ func TestSIGKILLUnderLoad(t *testing.T) {
 	serveArgs := []string{"--lease", "1s", "--sweep-every", "1s"}
 	since := killNow(t, conn)
 	app := e.serve(serveArgs...)
-	load.server.set(app.URL)
+	require.NoError(t, front.Route(app.URL))
 	frozen := map[killOwned]bool{} // key records left in flight by a killed server
 	var frozenKeys, chargedBeforeKill int
 	for i, at := range killThresholds(rnd, n, kills) {
@@ -81,7 +92,7 @@ func TestSIGKILLUnderLoad(t *testing.T) {
 		killPause(ctx, rnd.Duration(0, 25*time.Millisecond)) // a random moment
 		inFlight := killAwaitWork(t, ctx, conn, since, func() bool { return settled.Load() >= int64(n) })
 
-		load.server.down()
+		front.Down()
 		app.Kill() // SIGKILL
 		killSettle(t, ctx, conn)
 		newly := killFrozen(t, conn, frozen)
@@ -93,11 +104,11 @@ func TestSIGKILLUnderLoad(t *testing.T) {
 
 		since = killNow(t, conn)
 		app = e.serve(serveArgs...)
-		load.server.set(app.URL)
+		require.NoError(t, front.Route(app.URL))
 	}
 	killUntil(t, ctx, ended, func() bool { return false }, "every checkout to get an answer")
 
-	answers := make(map[string]killAnswer, n)
+	answers := make(map[string]answer, n)
 	for i, c := range checkouts {
 		r := results[i]
 		require.NoError(t, r.err, "key %s", c.key)
@@ -106,9 +117,11 @@ func TestSIGKILLUnderLoad(t *testing.T) {
 	}
 	killCheckAnswers(t, checkouts, answers)
 
-	// Every key again, on the last server: the first answer, byte for byte.
+	// Every key again, once, on the last server: the first answer, byte for
+	// byte.
+	probe := killClient(clients)
 	for _, c := range checkouts {
-		again, err := killPost(ctx, load.client, app.URL, c.key, c.body)
+		again, err := post(ctx, probe, app.URL, c.key, c.body)
 		require.NoError(t, err, "key %s", c.key)
 		first := answers[c.key]
 		require.Equal(t, first.status, again.status, "key %s: %s", c.key, again.body)
@@ -125,10 +138,15 @@ func TestSIGKILLUnderLoad(t *testing.T) {
 		require.GreaterOrEqual(t, records[owned.key].attempts, 1,
 			"key %s was left in flight by a killed server; the attempt that finished it must have taken it over", owned.key)
 	}
-	s := load.stats()
-	t.Logf("%d keys, %d kills, %d requests (%d retries: %d connection errors, %d 409s, %d 5xx), "+
+	s := &load.stats
+	// The proxy sees more requests than the client's attempts: a request
+	// whose connection a kill closed unanswered is sent again by the
+	// client's transport itself (it carries an Idempotency-Key), and waits
+	// at the proxy for the next server.
+	t.Logf("%d keys, %d kills, %d attempts (%d retries: %d connection errors, %d 409s, %d 5xx; %d requests at the proxy), "+
 		"%d checkouts left in flight by a kill (a key once per kill; %d of them already charged), %d keys taken over, in %s",
-		n, kills, s.requests, s.requests-int64(n), s.connErrors, s.conflicts, s.serverErrors,
+		n, kills, s.attempts.Load(), s.attempts.Load()-int64(n), s.transport.Load(), s.conflicts.Load(), s.serverErrors.Load(),
+		front.Requests(),
 		frozenKeys, chargedBeforeKill, takenOver, time.Since(started).Round(time.Millisecond))
 }
 
@@ -165,131 +183,17 @@ func killThresholds(rnd *faults.Source, n, kills int) []int {
 	return out
 }
 
-// killServer is the address of the checkout server the clients use; there
-// is none between a kill and the restart.
-type killServer struct {
-	mu  sync.Mutex
-	url string        // "" while no server listens
-	up  chan struct{} // closed when one does
-}
-
-// current waits for a server and returns its URL.
-func (s *killServer) current(ctx context.Context) (string, error) {
-	for {
-		s.mu.Lock()
-		url, up := s.url, s.up
-		s.mu.Unlock()
-		if url != "" {
-			return url, nil
-		}
-		select {
-		case <-up:
-		case <-ctx.Done():
-			return "", ctx.Err()
-		}
-	}
-}
-
-func (s *killServer) down() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.url, s.up = "", make(chan struct{})
-}
-
-func (s *killServer) set(url string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.url = url
-	close(s.up)
-}
-
-// killLoad is the clients' side of the load: they retry each checkout until
-// it gets a final answer, and count why they retried.
-type killLoad struct {
-	server                                        *killServer
-	client                                        *http.Client
-	requests, connErrors, conflicts, serverErrors atomic.Int64
-}
-
-type killStats struct{ requests, connErrors, conflicts, serverErrors int64 }
-
-func (l *killLoad) stats() killStats {
-	return killStats{l.requests.Load(), l.connErrors.Load(), l.conflicts.Load(), l.serverErrors.Load()}
-}
-
-// killRetryPause is how long a client waits before retrying after a
-// connection error or a 5xx, as a client's backoff would.
-const killRetryPause = 20 * time.Millisecond
-
-// checkout posts c until the answer is final: not a connection error, not a
-// 409 (it waits as Retry-After says, at most 2s), not a 5xx.
-func (l *killLoad) checkout(ctx context.Context, c killCheckout) (killAnswer, error) {
-	for {
-		url, err := l.server.current(ctx)
-		if err != nil {
-			return killAnswer{}, fmt.Errorf("no server to retry on: %w", err)
-		}
-		a, err := killPost(ctx, l.client, url, c.key, c.body)
-		l.requests.Add(1)
-		pause := killRetryPause
-		switch {
-		case err != nil && ctx.Err() != nil:
-			return a, fmt.Errorf("gave up: %w", err)
-		case err != nil:
-			l.connErrors.Add(1)
-		case a.status == http.StatusConflict:
-			l.conflicts.Add(1)
-			if s, err := strconv.Atoi(a.retryAfter); err == nil {
-				pause = min(time.Duration(s)*time.Second, 2*time.Second)
-			}
-		case a.status >= 500:
-			l.serverErrors.Add(1)
-		default:
-			return a, nil
-		}
-		if !killPause(ctx, pause) {
-			return a, fmt.Errorf("gave up: %w (last answer %d %s)", ctx.Err(), a.status, a.body)
-		}
-	}
-}
-
-type killAnswer struct {
-	status                            int
-	contentType, replayed, retryAfter string
-	body                              []byte
-}
-
 type killResult struct {
-	answer killAnswer
+	answer answer
 	err    error
 }
 
+// killClient is an HTTP client for probes of one server's answer, with no
+// retry.
 func killClient(clients int) *http.Client {
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = clients
 	return &http.Client{Transport: transport, Timeout: time.Minute}
-}
-
-// killPost posts a checkout for tenant acme.
-func killPost(ctx context.Context, client *http.Client, base, key, body string) (killAnswer, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/checkouts", strings.NewReader(body))
-	if err != nil {
-		return killAnswer{}, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	authorize(req)
-	resp, err := client.Do(req)
-	if err != nil {
-		return killAnswer{}, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return killAnswer{}, err
-	}
-	return killAnswer{status: resp.StatusCode, contentType: resp.Header.Get("Content-Type"),
-		replayed: resp.Header.Get("Idempotent-Replayed"), retryAfter: resp.Header.Get("Retry-After"), body: b}, nil
 }
 
 // killPause waits d unless ctx ends first; it reports whether it waited.
@@ -445,7 +349,7 @@ type killPaid struct {
 
 // killCheckAnswers checks that every answer is its own key's paid order,
 // and no two keys share an order or a charge.
-func killCheckAnswers(t *testing.T, checkouts []killCheckout, answers map[string]killAnswer) {
+func killCheckAnswers(t *testing.T, checkouts []killCheckout, answers map[string]answer) {
 	t.Helper()
 	orders, charges := map[string]string{}, map[string]string{}
 	for _, c := range checkouts {
@@ -502,7 +406,7 @@ func killRecords(t *testing.T, conn *pgx.Conn) map[string]killRecord {
 // storing the answer its client got, naming one paid order of the key's own
 // customer and amount, with one receipt queued; no other order. It returns
 // how many records were taken over at least once.
-func killCheckStorage(t *testing.T, conn *pgx.Conn, checkouts []killCheckout, answers map[string]killAnswer, records map[string]killRecord) int {
+func killCheckStorage(t *testing.T, conn *pgx.Conn, checkouts []killCheckout, answers map[string]answer, records map[string]killRecord) int {
 	t.Helper()
 	require.Len(t, records, len(checkouts), "one key record per key")
 	takenOver := 0
@@ -535,7 +439,7 @@ func killCheckStorage(t *testing.T, conn *pgx.Conn, checkouts []killCheckout, an
 
 // killCheckCharges checks the provider: one charge per key, made with the
 // key's own downstream key, for the key's amount, and named by its order.
-func killCheckCharges(t *testing.T, charges []Charge, checkouts []killCheckout, answers map[string]killAnswer, records map[string]killRecord) {
+func killCheckCharges(t *testing.T, charges []Charge, checkouts []killCheckout, answers map[string]answer, records map[string]killRecord) {
 	t.Helper()
 	require.Equal(t, len(checkouts), len(charges), "one charge per key")
 	byKey := map[string]Charge{}
@@ -668,7 +572,7 @@ func killPausedOwner(t *testing.T, endByHand bool) {
 	require.Equal(t, []string{charges[0].IdempotencyKey, charges[0].IdempotencyKey}, proxy.chargeKeys(),
 		"both attempts asked for the charge, with one downstream key")
 	for _, app := range []*serveProcess{paused, next} {
-		again, err := killPost(ctx, client, app.URL, key, order)
+		again, err := post(ctx, client, app.URL, key, order)
 		require.NoError(t, err)
 		require.Equal(t, http.StatusCreated, again.status)
 		require.Equal(t, string(done.body), string(again.body), "the second owner's answer stands")
@@ -700,13 +604,13 @@ func killAwaitStop(t *testing.T, app *serveProcess, results <-chan killResult) {
 func killPostAsync(ctx context.Context, client *http.Client, base, key string) <-chan killResult {
 	out := make(chan killResult, 1)
 	go func() {
-		a, err := killPost(ctx, client, base, key, order)
+		a, err := post(ctx, client, base, key, order)
 		out <- killResult{a, err}
 	}()
 	return out
 }
 
-func killAwaitAnswer(t *testing.T, ctx context.Context, results <-chan killResult, what string) killAnswer {
+func killAwaitAnswer(t *testing.T, ctx context.Context, results <-chan killResult, what string) answer {
 	t.Helper()
 	select {
 	case r := <-results:
@@ -715,7 +619,7 @@ func killAwaitAnswer(t *testing.T, ctx context.Context, results <-chan killResul
 	case <-ctx.Done():
 		t.Fatalf("gave up waiting until %s", what)
 	}
-	return killAnswer{}
+	return answer{}
 }
 
 // killProxy stands between the checkout servers and the provider. The

@@ -3,10 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,41 +13,8 @@ import (
 
 	"github.com/onceflow/onceflow/idemclient"
 	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/internal/frontproxy"
 )
-
-// balancer is a reverse proxy in front of the checkout server, as a load
-// balancer is: the clients' URL stays while the server behind it restarts
-// on another port, and it counts the requests the clients sent. While the
-// server is down, it answers 502, which the clients retry.
-type balancer struct {
-	url      string
-	target   atomic.Pointer[url.URL]
-	requests atomic.Int64
-}
-
-func newBalancer(t *testing.T) *balancer {
-	t.Helper()
-	b := &balancer{}
-	proxy := &httputil.ReverseProxy{
-		Rewrite:      func(r *httputil.ProxyRequest) { r.SetURL(b.target.Load()) },
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusBadGateway) },
-	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b.requests.Add(1)
-		proxy.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	b.url = srv.URL
-	return b
-}
-
-// route sends the requests to the server p from now on.
-func (b *balancer) route(t *testing.T, p *serveProcess) {
-	t.Helper()
-	u, err := url.Parse(p.URL)
-	require.NoError(t, err)
-	b.target.Store(u)
-}
 
 // TestStormOfRestarts: 200 checkouts, 32 at once, each one intent under its
 // own key through one idemclient.Client, while the checkout server behind a
@@ -75,16 +38,19 @@ func TestStormOfRestarts(t *testing.T) {
 	lease := 2 * time.Second
 	budget := idemclient.BudgetConfig{Ratio: 0.1, Burst: 10}
 	args := []string{"--lease", lease.String(), "--sweep-every", lease.String()}
-	lb := newBalancer(t)
+	// The balancer: the clients' URL stays while the server behind it
+	// restarts on another port. While the server is down, it answers 502,
+	// which the clients retry.
+	lb := frontproxy.New(t, frontproxy.Config{MaxIdleConns: concurrency})
 	first := e.serve(args...)
-	lb.route(t, first)
+	require.NoError(t, lb.Route(first.URL))
 
 	var sent atomic.Int64
 	kill, stop := make(chan struct{}), make(chan struct{})
 	second, third := make(chan struct{}), make(chan struct{})
 	ctx, cancel := context.WithTimeout(e.ctx, 60*lease)
 	defer cancel()
-	cfg := loadConfig{URL: lb.url, APIKey: apiKeyOf("acme"), Intents: intents, Concurrency: concurrency, Redrive: true,
+	cfg := loadConfig{URL: lb.URL, APIKey: apiKeyOf("acme"), Intents: intents, Concurrency: concurrency, Redrive: true,
 		Client: idemclient.Config{
 			Wait:       3 * lease, // longer than a killed server's lease, which holds its keys
 			MaxElapsed: 20 * lease,
@@ -136,16 +102,16 @@ func TestStormOfRestarts(t *testing.T) {
 	first.Kill()
 	first.Wait()
 	next := e.serve(args...)
-	lb.route(t, next)
+	require.NoError(t, lb.Route(next.URL))
 	close(second)
 	await(stop, "the intents of the second server")
 	next.Stop()
-	lb.route(t, e.serve(args...))
+	require.NoError(t, lb.Route(e.serve(args...).URL))
 	close(third)
 	report := <-done
 
 	t.Logf("storm: %d requests at the balancer, %d attempts, %d retries, %d budget refusals, %d re-drives in %d rounds, %d replays, %dms",
-		lb.requests.Load(), report.Attempts, report.Retries, report.BudgetRefusals, report.Redrives, report.RedriveRounds,
+		lb.Requests(), report.Attempts, report.Retries, report.BudgetRefusals, report.Redrives, report.RedriveRounds,
 		report.Replays, report.ElapsedMS)
 	require.False(t, report.Interrupted)
 	require.Equal(t, intents, report.Succeeded, "every intent succeeded, after its re-drives: %+v", report)
@@ -153,8 +119,8 @@ func TestStormOfRestarts(t *testing.T) {
 	// client's transport never sends a request again by itself; and the
 	// budget's tokens, floats, only round down.
 	bound := int64((1+budget.Ratio)*float64(intents+report.Redrives) + budget.Burst)
-	require.LessOrEqual(t, lb.requests.Load(), bound, "requests within the retry budget")
-	require.Equal(t, report.Attempts, lb.requests.Load(), "the balancer saw every attempt, once")
+	require.LessOrEqual(t, lb.Requests(), bound, "requests within the retry budget")
+	require.Equal(t, report.Attempts, lb.Requests(), "the balancer saw every attempt, once")
 
 	require.Positive(t, report.Retries, "the restarts made the intents retry")
 	require.Positive(t, report.BudgetRefusals, "the budget refused retries while the server was down")
