@@ -184,10 +184,11 @@ func checkRequest(request []byte) ([]byte, error) {
 // claimFrom decides the claim from row, the claim statement's result when
 // the caller already sent it, or runs the statement itself. It runs the
 // statement again when the row it read was deleted before its write, and,
-// outside a transaction, once after a lock timeout: when many first claims
-// of one fresh key race on a busy server, each can wait out the timeout on
-// another's half-done insert, so that none wins; the re-run finds the
-// winner's row or wins itself.
+// outside a transaction, once after finding the key locked: a claim refused
+// the key lock by a concurrent claim's statement (migration 0017) finds
+// that claim's row committed on the re-run and answers from its lease, and
+// one that waited out the claim's lock_timeout on a busy server tries once
+// more.
 func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pgx.Row) (*Record, Outcome, error) {
 	lockRetry := !s.inTx
 	for range claimRetries {
@@ -289,15 +290,16 @@ func (s *Store) ExpireLease(ctx context.Context, k Key) error {
 	return nil
 }
 
-// lockNotAvailable is the SQLSTATE of a lock wait that ran out of
-// lock_timeout: the claim function waits no longer than that for a
-// concurrent, uncommitted claim of the same key (migration 0006).
+// lockNotAvailable is the SQLSTATE the claim and the takeover fail with
+// when another transaction holds the key's lock, which they take without
+// waiting (migration 0017), and when a lock wait of theirs ran past
+// lock_timeout (1 s in the claim).
 const lockNotAvailable = "55P03"
 
-// claimError is what a claim statement's error means to the caller. A lock
-// timeout means a concurrent claim of the key is uncommitted (its first
-// phase runs and holds the row): the key is in flight, answered at once
-// instead of after that phase.
+// claimError is what a claim statement's error means to the caller. A
+// locked key means a concurrent claim or takeover of it is uncommitted (its
+// first phase may run in the same transaction): the key is in flight,
+// answered at once instead of after that phase.
 func (s *Store) claimError(k Key, err error) error {
 	if isLockTimeout(err) {
 		return &InFlightError{Key: k, RetryAfter: time.Second, Contended: true}

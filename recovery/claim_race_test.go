@@ -25,11 +25,13 @@ import (
 const gateLock = 4242
 
 // gateSQL installs the gate: claim_gate_wait() blocks on gateLock once, in a
-// backend listed in claim_gate, with the claim's 10 ms lock_timeout lifted
-// for the wait alone. It runs in the claim's gap between its read and its
+// backend listed in claim_gate, with the session's lock_timeout lifted for
+// the wait alone. It runs in the claim's gap between its read and its
 // write: first in onceflow_may_take_over (the rule is kept as it is, under
-// another name), which the claim calls right after its read, and in a
-// BEFORE INSERT trigger, which fires before the INSERT's conflict check.
+// another name), which the claim calls right after reading a record, and
+// in onceflow_lock_key (likewise), which it calls before writing (migration
+// 0017). After the key lock no other claim of the key can act until the
+// claim's transaction ends, so that is where the gap ends.
 const gateSQL = `
 CREATE TABLE claim_gate (pid int PRIMARY KEY);
 CREATE FUNCTION claim_gate_wait() RETURNS boolean LANGUAGE plpgsql AS $$
@@ -50,9 +52,11 @@ CREATE FUNCTION onceflow_may_take_over(k onceflow_keys, p_workflow text, p_hash 
 RETURNS boolean LANGUAGE sql VOLATILE AS $$
     SELECT claim_gate_wait() AND claim_gate_rule(k, p_workflow, p_hash, p_principal, p_undo)
 $$;
-CREATE FUNCTION claim_gate_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN PERFORM claim_gate_wait(); RETURN NEW; END $$;
-CREATE TRIGGER claim_gate BEFORE INSERT ON onceflow_keys FOR EACH ROW EXECUTE FUNCTION claim_gate_trigger();
+ALTER FUNCTION onceflow_lock_key(text, text) RENAME TO claim_gate_lock_key;
+CREATE FUNCTION onceflow_lock_key(p_tenant text, p_key text) RETURNS void LANGUAGE sql VOLATILE AS $$
+    SELECT claim_gate_wait();
+    SELECT claim_gate_lock_key(p_tenant, p_key)
+$$;
 `
 
 // gated is a database with the gate, a store whose claims stop at it, and
@@ -245,10 +249,10 @@ func TestClaimRaceReadExpiredThenPruned(t *testing.T) {
 	require.Equal(t, 1, g.count(t))
 }
 
-// TestClaimRaceClaimRestoresLockTimeout: the claim lowers lock_timeout to 10 ms
-// for its own writes; the caller's transaction must find its own setting
-// afterwards, whatever the claim decided, and after a claim that timed out
-// and was rolled back to a savepoint.
+// TestClaimRaceClaimRestoresLockTimeout: the claim sets lock_timeout (1 s,
+// migration 0017) for its own writes; the caller's transaction must find
+// its own setting afterwards, whatever the claim decided, and after a claim
+// that found the key locked and was rolled back to a savepoint.
 func TestClaimRaceClaimRestoresLockTimeout(t *testing.T) {
 	b := setup(t)
 	key := recovery.Key{Tenant: "acme", ID: "timeout"}
@@ -299,7 +303,7 @@ func TestClaimRaceClaimRestoresLockTimeout(t *testing.T) {
 		require.Equal(t, recovery.OutcomeReplay, outcome)
 	})
 
-	// A claim that times out on an uncommitted first claim, in a savepoint.
+	// A claim refused by an uncommitted first claim, in a savepoint.
 	busy := recovery.Key{Tenant: "acme", ID: "busy"}
 	holder, err := b.db.Begin(b.ctx)
 	require.NoError(t, err)
@@ -332,8 +336,8 @@ func TestClaimRaceClaimRestoresLockTimeout(t *testing.T) {
 }
 
 // TestClaimRaceStoreOnATransactionTimesOutCleanly: a Store made with New on a
-// pgx.Tx (DBTX says a pgx.Tx will do) must answer a claim that waited out
-// the lock timeout as in flight, like WithTx's does, not re-run the claim
+// pgx.Tx (DBTX says a pgx.Tx will do) must answer a claim that found the
+// key locked as in flight, like WithTx's does, not re-run the claim
 // in the aborted transaction and report "current transaction is aborted".
 func TestClaimRaceStoreOnATransactionTimesOutCleanly(t *testing.T) {
 	b := setup(t)

@@ -59,10 +59,11 @@ type InFlightError struct {
 	// Deferred says the record holds no lease but its last attempt deferred
 	// it (Record.NotBefore): RetryAfter is the time until the deferral ends.
 	Deferred bool
-	// Contended says the claim gave up waiting for a row lock (migration
-	// 0006's lock_timeout) instead of reading a valid lease: usually a
-	// concurrent first claim whose first phase still runs, but on an
-	// overloaded server also a brief wait that a second try gets past.
+	// Contended says the claim found the key locked instead of reading a
+	// valid lease: another transaction claims or takes it over (migration
+	// 0017's key lock), its first phase perhaps still running, or, rarely,
+	// a lock wait ran past the claim's lock_timeout (1 s), which a second
+	// try may get past.
 	Contended bool
 }
 

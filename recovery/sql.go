@@ -16,7 +16,7 @@ const (
 
 // claimSQL decides a claim in one round trip and returns one row: the
 // record as it now is, how it was reached, and the database clock. The
-// decision is the function onceflow_claim's (migrations 0005, 0006 and 0009
+// decision is the function onceflow_claim's (migrations 0005, 0009 and 0017
 // say how it decides; the takeover rule is onceflow_may_take_over's): it
 // reads the row first and writes only when the key is absent or may be
 // taken over, so a replay, or a claim of a key held by a valid lease,
@@ -45,7 +45,9 @@ FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, 
 // resumed from its stored request. The rule and what a takeover writes are
 // the database's, written once for the claim and this statement: the
 // function onceflow_take_over (migration 0009), here with no fingerprint
-// and no principal to match. Like claimSQL it returns the record and how it
+// and no principal to match. It takes the key's lock without waiting
+// (migration 0017) and fails with lockNotAvailable while another
+// transaction holds it. Like claimSQL it returns the record and how it
 // was reached: 2 taken over, 3 left as it was (finished, held by a valid
 // lease, or of another workflow). No row means no record.
 //

@@ -377,9 +377,10 @@ func (a *attempt[Req, State]) claimWith(ctx context.Context, folded bool) (*reco
 	rec, outcome, err := a.claimWithin(claimCtx, folded)
 	var inFlight *recovery.InFlightError
 	if folded && errors.As(err, &inFlight) && inFlight.Contended {
-		// The lock wait ended the claim's transaction. Try once more in a
-		// new one: a duplicate of a running first phase times out again
-		// (milliseconds), while a wait an overloaded server caused is over.
+		// The locked key ended the claim's transaction. Try once more in a
+		// new one: a duplicate of a running first phase is refused the key
+		// lock again at once, while a claim that followed a finished one
+		// reads its record.
 		a.rollback()
 		rec, outcome, err = a.claimWithin(claimCtx, folded)
 	}

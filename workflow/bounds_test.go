@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
@@ -18,12 +19,14 @@ import (
 
 // TestDuplicateDoesNotWaitForTheFirstPhase: while a request's first atomic
 // phase runs (its claim uncommitted, holding the key's row), a duplicate is
-// answered "in flight" at once, holding no connection for the phase's
-// length. The first phase here waits until the duplicate has its answer, so
+// answered "in flight" at once, waiting on no lock and holding no
+// connection for the phase's length. The first phase here waits until the duplicate has its answer, so
 // a duplicate that waited for the phase would never get one: it would run
 // into its own deadline instead.
 //
-// Before the fix (migration 0006), the duplicate waited on the row lock.
+// Before migration 0006, the duplicate waited on the row lock for the whole
+// phase; from 0006 to 0017 it waited on it for 10 ms (lock_timeout); since
+// 0017 it waits on no lock at all.
 func TestDuplicateDoesNotWaitForTheFirstPhase(t *testing.T) {
 	w := newWorld(t)
 	entered, answered := make(chan struct{}), make(chan struct{})
@@ -46,11 +49,13 @@ func TestDuplicateDoesNotWaitForTheFirstPhase(t *testing.T) {
 	<-entered
 	ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
 	defer cancel()
-	_, err := wf.Run(ctx, e, acme, order)
+	var err error
+	waits := dbtest.LockWaits(t, w.db, func() { _, err = wf.Run(ctx, e, acme, order) })
 	close(answered)
 	var inFlight *recovery.InFlightError
 	require.ErrorAs(t, err, &inFlight, "the duplicate is told the key is in flight")
 	require.Positive(t, inFlight.RetryAfter)
+	require.Zero(t, waits, "the duplicate waited on a lock (migration 0017's key lock answers it without one)")
 	require.NoError(t, <-first)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -346,7 +347,27 @@ func loseAt(t *testing.T, proxy *pgproxy.Proxy, pool *pgxpool.Pool, key workflow
 	require.Error(t, err, "the caller sees an error")
 	require.NotNil(t, armed, "the attempt passed %s", c.at)
 	proxy.Disarm(armed)
+	waitForOpenTransactions(t, pool)
 	return armed
+}
+
+// waitForOpenTransactions returns once no other session of pool's database
+// is in a transaction: a transaction whose connection was cut stays open
+// until the server notices, holding its key's lock (migration 0017), so
+// that a retry sent before then is rightly answered "in flight".
+func waitForOpenTransactions(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var open int
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL`).Scan(&open))
+		if open == 0 {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "%d transactions stay open after the connection was cut", open)
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // requireLeft checks what a fault left of key's record.

@@ -11,18 +11,39 @@ var mutants = []Mutant{
 	{
 		Name:   "claim-not-atomic",
 		Breaks: "a takeover's write does not check the rule again, so a claim that read the key absent takes over the concurrent first claim",
-		Edits: []Edit{{File: "migrations/sql/0014_history.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0017_claim_key_lock.up.sql",
 			Old: `    WHERE k.tenant_id = p_tenant AND k.key = p_key
       AND {schema}.onceflow_may_take_over(k, p_workflow, p_hash, p_principal, p_undo)`,
 			New: `    WHERE k.tenant_id = p_tenant AND k.key = p_key`}},
 		Pkg: "./recovery", Run: "^TestConcurrentClaimsOneWinner$",
 	},
 	{
-		Name:   "lock-timeout-removed",
-		Breaks: "a duplicate's claim waits on the first claim's row lock for its whole first phase",
-		Edits: []Edit{{File: "migrations/sql/0014_history.up.sql",
-			Old: "    PERFORM set_config('lock_timeout', '10ms', true);\n", New: ""}},
+		Name:   "key-lock-not-taken",
+		Breaks: "a duplicate's claim is told by a lock wait on the first claim's row, not by the key lock, so it waits (up to the claim's lock_timeout) instead of answering at once",
+		Edits: []Edit{{File: "migrations/sql/0017_claim_key_lock.up.sql",
+			Old: "    PERFORM {schema}.onceflow_lock_key(p_tenant, p_key);\n", New: ""}},
 		Pkg: "./workflow", Run: "^TestDuplicateDoesNotWaitForTheFirstPhase$",
+	},
+	{
+		Name:   "takeover-key-lock-not-taken",
+		Breaks: "a takeover takes no key lock, so a claim that read the lease it took over waits for the phase folded into its transaction",
+		Edits: []Edit{{File: "migrations/sql/0017_claim_key_lock.up.sql",
+			Old: "    SELECT {schema}.onceflow_lock_key(p_tenant, p_key);\n", New: ""}},
+		Pkg: "./recovery", Run: "^TestDuplicateOfATakeoverDoesNotWait$",
+	},
+	{
+		Name:   "lock-timeout-removed",
+		Breaks: "a claim's write waits without bound for a lock no duplicate holds (another session's lock on an expired record's row)",
+		Edits: []Edit{{File: "migrations/sql/0017_claim_key_lock.up.sql",
+			Old: "    PERFORM set_config('lock_timeout', '1s', true);\n", New: ""}},
+		Pkg: "./workflow", Run: "^TestContendedClaimRetriesOnceAndCountsNothing$",
+	},
+	{
+		Name:   "lock-timeout-tells-duplicates",
+		Breaks: "the claim's lock_timeout is 10 ms again, so a fresh key's brief wait for a lock no duplicate holds (a relation extension on a loaded server) is answered \"in flight\"",
+		Edits: []Edit{{File: "migrations/sql/0017_claim_key_lock.up.sql",
+			Old: "set_config('lock_timeout', '1s', true)", New: "set_config('lock_timeout', '10ms', true)"}},
+		Pkg: "./recovery", Run: "^TestFreshClaimWaitsOutALockNoDuplicateHolds$",
 	},
 	{
 		Name:   "replay-not-verbatim",
@@ -115,7 +136,7 @@ var mutants = []Mutant{
 	{
 		Name:   "tenant-dropped",
 		Breaks: "the claim reads a key's record whatever its tenant",
-		Edits: []Edit{{File: "migrations/sql/0014_history.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0017_claim_key_lock.up.sql",
 			Old: "WHERE k.tenant_id = p_tenant AND k.key = p_key;",
 			New: "WHERE k.key = p_key;"}},
 		Pkg: "./recovery", Run: "^TestTenantsAreIsolated$",
