@@ -1,6 +1,7 @@
 package recovery_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -279,6 +280,70 @@ WHERE tenant_id = 'acme' AND key = 'k'`)
 	text := strings.Join(plan, "\n")
 	require.Contains(t, text, "jsonb_build_object", "the expression is in the plan")
 	require.NotContains(t, text, "onceflow_history(", "no function call is left in the plan")
+}
+
+// TestEveryHistoryAppendIsInlined: each statement of the store that records
+// a transition has onceflow_history inlined into its plan (migration 0015),
+// not only a statement written for the test: the planner inlines a call
+// only when its history argument, which the body reads five times, is
+// cheap and not volatile, and only while the function keeps the form
+// inlining needs (no SET clause, not STRICT, one SELECT). The one call left
+// is the outer one of the last compensation, whose history argument is the
+// inner call's expression (clock_timestamp() is volatile); it runs as a
+// plain SQL function call (TestNestedHistoryAppendAtTheCap).
+func TestEveryHistoryAppendIsInlined(t *testing.T) {
+	b := setup(t)
+	calls := map[string]int{"undone": 1}
+	checked := 0
+	for name, sql := range recovery.StatementsOf(b.store) {
+		if !strings.Contains(sql, "onceflow_history(") {
+			continue
+		}
+		checked++
+		conn, err := b.db.Acquire(b.ctx)
+		require.NoError(t, err)
+		// The parameters' types, inferred by the server, give every one a NULL.
+		desc, err := conn.Conn().Prepare(b.ctx, "", "EXPLAIN (VERBOSE, COSTS OFF) "+sql)
+		require.NoError(t, err, name)
+		rows, err := conn.Query(b.ctx, "EXPLAIN (VERBOSE, COSTS OFF) "+sql, make([]any, len(desc.ParamOIDs))...)
+		require.NoError(t, err, name)
+		var plan strings.Builder
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan.WriteString(line + "\n")
+		}
+		require.NoError(t, rows.Err(), name)
+		conn.Release()
+		require.Contains(t, plan.String(), "jsonb_build_object", "%s: the append is in the plan", name)
+		require.Equal(t, calls[name], strings.Count(plan.String(), "onceflow_history("),
+			"%s: calls of onceflow_history left in the plan:\n%s", name, plan.String())
+	}
+	require.GreaterOrEqual(t, checked, 10, "the statements that record transitions were found")
+}
+
+// TestNestedHistoryAppendAtTheCap: a call of onceflow_history the planner
+// does not inline (the last compensation's outer one) appends as an inlined
+// one does: at MaxHistory entries, the oldest is dropped and counted.
+func TestNestedHistoryAppendAtTheCap(t *testing.T) {
+	b := setup(t)
+	var (
+		truncated, n int
+		first, last  string
+		kinds        []string
+	)
+	require.NoError(t, b.db.QueryRow(b.ctx, `
+WITH h AS (SELECT jsonb_build_object('truncated', 7, 'entries',
+    (SELECT jsonb_agg(jsonb_build_object('kind', 'k' || i)) FROM generate_series(1, $1::int) i)) AS h),
+appended AS (SELECT onceflow_history(onceflow_history(h, 'undone', NULL, 's'), 'compensated', NULL, 's') AS a FROM h)
+SELECT (a->>'truncated')::int, jsonb_array_length(a->'entries'), a->'entries'->0->>'kind',
+       a->'entries'->-3->>'kind', ARRAY[a->'entries'->-2->>'kind', a->'entries'->-1->>'kind'] FROM appended`,
+		recovery.MaxHistory-1).Scan(&truncated, &n, &first, &last, &kinds))
+	require.Equal(t, recovery.MaxHistory, n)
+	require.Equal(t, 8, truncated, "one entry dropped and counted")
+	require.Equal(t, "k2", first)
+	require.Equal(t, fmt.Sprintf("k%d", recovery.MaxHistory-1), last)
+	require.Equal(t, []string{"undone", "compensated"}, kinds)
 }
 
 // TestHistoryEntriesOmitNulls: an entry stores only the members it has, so
