@@ -1,6 +1,8 @@
 package recovery_test
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"testing"
 	"time"
 
@@ -76,4 +78,25 @@ func TestDuplicateOfATakeoverDoesNotWait(t *testing.T) {
 	require.True(t, inFlight.Contended)
 	require.Zero(t, waits, "the duplicate waited on a lock")
 	require.NoError(t, tx.Commit(b.ctx))
+}
+
+// TestKeyLockIsDerivedFromSHA256: the key lock's number is the first 8
+// bytes of a SHA-256 of the schema, the tenant and the key (migration
+// 0018), so that no tenant can aim a key of its own at another tenant's
+// lock, as it could with a hash not built to resist chosen collisions.
+func TestKeyLockIsDerivedFromSHA256(t *testing.T) {
+	b := setup(t)
+	tx, err := b.db.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	_, err = tx.Exec(b.ctx, `SELECT onceflow_lock_key('acme', 'order-123')`)
+	require.NoError(t, err)
+
+	sum := sha256.Sum256([]byte(`"public":4:acmeorder-123`)) // {schema} is the quoted schema
+	n := binary.BigEndian.Uint64(sum[:8])
+	var held int
+	require.NoError(t, b.db.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory' AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1 AND granted`,
+		int64(n>>32), int64(uint32(n))).Scan(&held))
+	require.Equal(t, 1, held, "the lock on the key's SHA-256-derived number is held")
 }

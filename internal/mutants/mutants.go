@@ -653,4 +653,12 @@ var mutants = []Mutant{
 			Old: ` WHERE "id" = $1 AND "version" = $2 RETURNING "version")`, New: ` WHERE "id" = $1 AND $2::bigint IS NOT NULL RETURNING "version")`}},
 		Pkg: "./idemhttp", Run: "^TestVersionedUpdateConcurrent$",
 	},
+	{
+		Name:   "key-lock-weak-hash",
+		Breaks: "the key lock's number is a hash a tenant can aim a key of its own at",
+		Edits: []Edit{{File: "migrations/sql/0018_key_lock_sha256.up.sql",
+			Old: "('x' || left(encode(sha256(convert_to(\n            '{schema}:' || length(p_tenant) || ':' || p_tenant || p_key, 'UTF8')), 'hex'), 16))::bit(64)::bigint",
+			New: "hashtextextended(\n            '{schema}:' || length(p_tenant) || ':' || p_tenant || p_key, 0)"}},
+		Pkg: "./recovery", Run: "^TestKeyLockIsDerivedFromSHA256$",
+	},
 }
