@@ -3,6 +3,8 @@ package foreign
 import (
 	"context"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/sleep"
 )
 
 // WithSleep replaces the wait between a Mutation's tries with sleep, so
@@ -23,4 +25,4 @@ var RetryAfterOf = retryAfterOf
 func SetPacerSleep(p *Pacer, sleep func(ctx context.Context, d time.Duration) error) { p.sleep = sleep }
 
 // Sleep is the wait a Pacer makes by default.
-var Sleep = sleep
+var Sleep = sleep.For

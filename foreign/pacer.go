@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/internal/dbschema"
+	"github.com/onceflow/onceflow/internal/sleep"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 )
@@ -86,7 +87,7 @@ func NewPacer(db recovery.DBTX, cfg PacerConfig) (*Pacer, error) {
 			return nil, fmt.Errorf("%w: downstream %q: %v", ErrInvalidPace, name, err)
 		}
 	}
-	return &Pacer{db: db, schema: schema, limits: maps.Clone(cfg.Limits), cfg: cfg, sleep: sleep, sql: pacerSQL{
+	return &Pacer{db: db, schema: schema, limits: maps.Clone(cfg.Limits), cfg: cfg, sleep: sleep.For, sql: pacerSQL{
 		reserve: dbschema.Expand(reserveSQL, schema), open: dbschema.Expand(openSQL, schema),
 		claim: dbschema.Expand(claimSlotSQL, schema), slots: dbschema.Expand(makeSlotsSQL, schema),
 		renew: dbschema.Expand(renewSlotSQL, schema), release: dbschema.Expand(releaseSlotSQL, schema),

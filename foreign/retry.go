@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/sleep"
 	"github.com/onceflow/onceflow/phase"
 )
 
@@ -140,7 +141,7 @@ type options struct {
 // of range: a Mutation is declared with its workflow, at start-up, where a
 // broken declaration is a programming error best found at once.
 func newOptions(name string, opts []Option) options {
-	o := options{retry: Retry{Max: 1}, sleep: sleep} // without Retry, one try
+	o := options{retry: Retry{Max: 1}, sleep: sleep.For} // without Retry, one try
 	for _, opt := range opts {
 		opt.apply(&o)
 	}
@@ -149,18 +150,6 @@ func newOptions(name string, opts []Option) options {
 		panic(fmt.Sprintf("step %s: %v", name, err))
 	}
 	return o
-}
-
-// sleep waits d, or until ctx ends, and then returns ctx's error.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
 }
 
 // final is an error that is an answer, not a failure: the workflow

@@ -3,6 +3,8 @@ package idemclient
 import (
 	"context"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/sleep"
 )
 
 // clock is the Client's time: the wall clock, or a fake in tests, so
@@ -17,13 +19,4 @@ type wallClock struct{}
 
 func (wallClock) Now() time.Time { return time.Now() }
 
-func (wallClock) Sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-}
+func (wallClock) Sleep(ctx context.Context, d time.Duration) error { return sleep.For(ctx, d) }

@@ -1,7 +1,6 @@
 package idemhttp
 
 import (
-	"context"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -11,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/sleep"
 	"github.com/onceflow/onceflow/recovery"
 )
 
@@ -68,7 +68,7 @@ func (w *waiter) await(rw http.ResponseWriter, r *http.Request, err error, claim
 		if w.polled != nil {
 			w.polled()
 		}
-		if !sleep(r.Context(), pause) {
+		if sleep.For(r.Context(), pause) != nil {
 			return err
 		}
 		if err = claim(); !errors.As(err, &inFlight) {
@@ -100,18 +100,6 @@ func nextPause(inFlight *recovery.InFlightError, backoff, left time.Duration) (t
 		pause = max(pause, inFlight.RetryAfter)
 	}
 	return min(pause, left), true
-}
-
-// sleep pauses for d, or reports false when ctx ends first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // maxWaitSeconds bounds the seconds preferredWait reads, so that no

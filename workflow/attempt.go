@@ -19,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/internal/lease"
 	"github.com/onceflow/onceflow/internal/seam"
+	"github.com/onceflow/onceflow/internal/sleep"
 	"github.com/onceflow/onceflow/internal/tracing"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
@@ -512,7 +513,7 @@ func (a *attempt[Req, State]) runAtomic(ctx context.Context, step phase.Step[Req
 		a.rollback()
 		// A short random wait lets the other side, woken by this rollback,
 		// take the locks first rather than meet this one again.
-		if err := sleepCtx(ctx, time.Duration(rand.Int64N(int64(conflictWait)*int64(try)))); err != nil {
+		if err := sleep.For(ctx, time.Duration(rand.Int64N(int64(conflictWait)*int64(try)))); err != nil {
 			return err
 		}
 		var fresh State
@@ -964,16 +965,4 @@ func (a *attempt[Req, State]) logAttrs(step string, extra ...any) []any {
 		attrs = append(attrs, slog.String("step", step))
 	}
 	return append(attrs, extra...)
-}
-
-// sleepCtx waits d, or until ctx ends, and then returns ctx's error.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
 }

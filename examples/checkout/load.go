@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/idemclient"
+	"github.com/onceflow/onceflow/internal/sleep"
 )
 
 // `checkout load` drives a running checkout server with many intents, each
@@ -149,7 +150,7 @@ func runLoad(ctx context.Context, cfg loadConfig) (loadReport, error) {
 			break
 		}
 		rounds++
-		if !pause(ctx, time.Duration(rounds)*redrivePause) {
+		if sleep.For(ctx, time.Duration(rounds)*redrivePause) != nil {
 			break
 		}
 		for _, i := range again {
@@ -329,16 +330,4 @@ func reasonName(err error) string {
 		}
 	}
 	return "error"
-}
-
-// pause waits d, or reports false when ctx ends first.
-func pause(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
