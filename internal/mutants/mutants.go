@@ -375,6 +375,13 @@ var mutants = []Mutant{
 		Pkg: "./foreign", Run: "^TestDeriveKey$",
 	},
 	{
+		Name:   "client-key-source-ignored",
+		Breaks: "DeriveKeysFrom client-key still derives from the record's id",
+		Edits: []Edit{{File: "foreign/key.go",
+			Old: "\tif r.KeysFromClientKey {\n", New: "\tif r.KeysFromClientKey && false {\n"}},
+		Pkg: "./workflow", Run: "^TestDeriveKeysFromALostRecord$",
+	},
+	{
 		Name:   "principal-ignored",
 		Breaks: "a record made by another principal is answered as the caller's own",
 		Edits: []Edit{{File: "recovery/sql.go",
