@@ -386,7 +386,20 @@ func (w *Workflow[Req, State]) Run(ctx context.Context, e *Engine, key Key, req 
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return w.run(ctx, e, key, req, o)
+	res, err := w.run(ctx, e, key, req, o)
+	e.resetIfReadOnly(ctx, w.name, err)
+	return res, err
+}
+
+// resetIfReadOnly resets the engine's pool when err is a write a read-only
+// server refused (recovery.ResetIfReadOnly): a failover left the pool's
+// connections on a standby. The error stays the caller's to see; it
+// matches recovery.Unavailable (HTTP 503).
+func (e *Engine) resetIfReadOnly(ctx context.Context, workflow string, err error) {
+	if recovery.ResetIfReadOnly(e.db, err) {
+		e.logger.WarnContext(ctx, "the database refused a write as read-only (a standby, after a failover?); the pool's connections were closed",
+			slog.String("workflow", workflow), slog.Any("error", err))
+	}
 }
 
 // RunOption changes how Workflow.Run treats one request.
@@ -423,7 +436,9 @@ func (e *Engine) Resume(ctx context.Context, key Key) (*Result, error) {
 	if !ok {
 		return nil, fmt.Errorf("resume key %q of tenant %q: %w %q", key.ID, key.Tenant, ErrUnknownWorkflow, rec.Workflow)
 	}
-	return wf.resume(ctx, e, rec, 0)
+	res, err := wf.resume(ctx, e, rec, 0)
+	e.resetIfReadOnly(ctx, rec.Workflow, err)
+	return res, err
 }
 
 // replayed is the result of a finished record.

@@ -292,6 +292,26 @@ func (s *dbServer) newDatabase(t testing.TB, opts Options) string {
 	return name
 }
 
+// SetReadOnly makes every new session of the database connString names
+// read-only (default_transaction_read_only), so that a write gets SQLSTATE
+// 25006 as it does on a standby, or, with readOnly false, read-write
+// again. Sessions already open keep what they had: a test makes a pool
+// that fails over onto a standby by opening it after.
+func SetReadOnly(t testing.TB, connString string, readOnly bool) {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sql := "ALTER DATABASE " + pgx.Identifier{cfg.Database}.Sanitize() + " RESET default_transaction_read_only"
+	if readOnly {
+		sql = "ALTER DATABASE " + pgx.Identifier{cfg.Database}.Sanitize() + " SET default_transaction_read_only TO on"
+	}
+	if err := server.admin(context.Background(), sql); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // NewPool connects to a new migrated database for t, with room for maxConns
 // connections (0 means 8). The pool is closed when t ends.
 func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {

@@ -382,6 +382,20 @@ var mutants = []Mutant{
 		Pkg: "./workflow", Run: "^TestDeriveKeysFromALostRecord$",
 	},
 	{
+		Name:   "read-only-pool-kept",
+		Breaks: "a pool whose connections are on a read-only server (a standby after a failover) is not reset",
+		Edits: []Edit{{File: "recovery/unavailable.go",
+			Old: "\tr.Reset()\n", New: "\t_ = r\n"}},
+		Pkg: "./workflow", Run: "^TestReadOnlyServerResetsThePool$",
+	},
+	{
+		Name:   "lost-database-step-is-500",
+		Breaks: "a step that lost its database (a failover) is answered 500, not 503 with Retry-After",
+		Edits: []Edit{{File: "idemhttp/workflow.go",
+			Old: "case errors.As(err, &stepErr) && recovery.Unavailable(err):", New: "case errors.As(err, &stepErr) && recovery.Unavailable(err) && false:"}},
+		Pkg: "./idemhttp", Run: "^TestWorkflowStepOnAReadOnlyServerIs503$",
+	},
+	{
 		Name:   "principal-ignored",
 		Breaks: "a record made by another principal is answered as the caller's own",
 		Edits: []Edit{{File: "recovery/sql.go",
