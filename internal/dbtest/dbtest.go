@@ -33,12 +33,14 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/multitracer"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/internal/pgadmin"
 	"github.com/onceflow/onceflow/internal/pgbouncer"
 	"github.com/onceflow/onceflow/internal/pgcluster"
+	"github.com/onceflow/onceflow/internal/routing"
 )
 
 // PgBouncerEnv names the environment variable that routes the tests
@@ -300,7 +302,8 @@ func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 }
 
 // Connect opens a pool to url with room for maxConns connections (0 means
-// 8), closed when t ends.
+// 8), closed when t ends. It checks every statement onceflow sends through
+// the pool (CheckRouting).
 func Connect(t testing.TB, url string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
@@ -311,6 +314,7 @@ func Connect(t testing.TB, url string, maxConns int32) *pgxpool.Pool {
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
+	CheckRouting(t, cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -333,4 +337,22 @@ func (s *dbServer) admin(ctx context.Context, sql string) error {
 
 func quoteLiteral(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// CheckRouting makes cfg's connections check every statement onceflow's
+// packages send through them, and fail t with each one that would not
+// route to one node of a PostgreSQL distributed by tenant (package
+// routing), beside the tracer cfg has. Connect calls it; a test that
+// builds its own pool config calls it too. Pools made elsewhere (processes
+// that systemtest and the cmd tests start, runnable examples) are not
+// checked.
+func CheckRouting(t testing.TB, cfg *pgx.ConnConfig) {
+	checker := &routing.Tracer{Report: func(v *routing.Violation, sender string) {
+		t.Errorf("%s sent a statement that does not route by tenant: %v", sender, v)
+	}}
+	if cfg.Tracer == nil {
+		cfg.Tracer = checker
+		return
+	}
+	cfg.Tracer = multitracer.New(cfg.Tracer, checker)
 }
