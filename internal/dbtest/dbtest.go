@@ -18,6 +18,11 @@
 // goes straight to PostgreSQL. DirectURL gives a test the same database
 // without PgBouncer, for what only PostgreSQL itself can answer.
 //
+// Every pool Connect and NewPool hand out checks that each statement
+// onceflow's packages send through it would route by tenant in a
+// distributed PostgreSQL (CheckRouting, package routing), and fails the
+// test with each that would not.
+//
 // NewSkewedDatabase gives a test a database on a second throwaway server
 // whose clock is an offset away from this machine's (through libfaketime),
 // for proving that only the database clock decides leases.
