@@ -142,6 +142,14 @@ var mutants = []Mutant{
 		Pkg: "./recovery", Run: "^TestTenantsAreIsolated$",
 	},
 	{
+		Name:   "load-unrouted",
+		Breaks: "loading a record filters by key only, so a distributed PostgreSQL would send the read to every node",
+		Edits: []Edit{{File: "recovery/sql.go",
+			Old: "` FROM {keys} WHERE tenant_id = $1 AND key = $2`\n",
+			New: "` FROM {keys} WHERE $1::text IS NOT NULL AND key = $2`\n"}},
+		Pkg: "./recovery", Run: "^TestClaimInFlightValidSameFingerprint$",
+	},
+	{
 		Name:   "input-unchecked",
 		Breaks: "names in invalid UTF-8 pass the input rules",
 		Edits: []Edit{{File: "recovery/key.go",
