@@ -89,3 +89,45 @@ func TestWorkflowStepOnAReadOnlyServerIs503(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM payments WHERE charge = 'ch_1'`).Scan(&charged))
 	require.Equal(t, 1, charged, "resumed, not run anew")
 }
+
+// TestForeignStepUnreachableIsNotALostDatabase: a foreign step whose call
+// cannot reach the other system (connection refused, a timeout) failed
+// for want of that system, not of the database: 500 as before, not the
+// 503 that says the database was lost in a failover, which would send an
+// operator after a failover that never happened. The key is kept, and the
+// retry runs the step again.
+func TestForeignStepUnreachableIsNotALostDatabase(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t, 4)
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close() // the provider is down: its port refuses connections
+	var calls atomic.Int32
+	wf := workflow.Define("pay_unreachable",
+		phase.Foreign("charge", func(ctx context.Context, r *phase.Run[Payment, Paid]) error {
+			calls.Add(1)
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, gone.URL+"/charges", nil)
+			if err != nil {
+				return err
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			return resp.Body.Close()
+		}),
+	).Finish(func(s *Paid) workflow.Response { return workflow.JSON(http.StatusCreated, s) })
+	engine, err := workflow.NewEngine(pool, workflow.Config{})
+	require.NoError(t, err)
+	h, err := idemhttp.Workflow(engine, wf, idemhttp.WorkflowConfig{Tenant: trustedTenant})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	s := &server{t: t, db: pool, url: srv.URL}
+
+	for try := 1; try <= 2; try++ {
+		failed := s.post("/", "k1", "acme", `{"amount_cents": 500}`)
+		require.Equal(t, http.StatusInternalServerError, failed.status, failed.body)
+		require.NotContains(t, problemOf(t, failed), "database")
+		require.EqualValues(t, try, calls.Load(), "the key is kept and the retry runs the step again")
+	}
+}

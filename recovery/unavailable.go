@@ -1,9 +1,11 @@
 package recovery
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
+	"net/url"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -18,8 +20,17 @@ import (
 // a connection lost during a commit, not known to be: the key's record
 // says which, and a retry with the same key finishes it either way (HTTP
 // 503 with Retry-After).
+//
+// An HTTP call's failure (a *url.Error: a foreign step that could not
+// reach another system) and a deadline pgconn did not report as its own
+// (a foreign step's timeout) are not the database's, though both are
+// net.Errors: a step failing with them is no failover.
 func Unavailable(err error) bool {
 	if err == nil {
+		return false
+	}
+	var urlErr *url.Error
+	if errors.As(err, &urlErr) || (errors.Is(err, context.DeadlineExceeded) && !pgconn.Timeout(err)) {
 		return false
 	}
 	if errors.Is(err, ErrUnavailable) || errors.Is(err, io.ErrUnexpectedEOF) || ReadOnly(err) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -29,7 +30,12 @@ func TestUnavailableTellsALostDatabaseFromARefusal(t *testing.T) {
 	for _, err := range unavailable {
 		require.True(t, recovery.Unavailable(err), "%v", err)
 	}
-	refused := []error{nil, pg("23505"), pg("40001"), pg("42P01"), pg("57014"), context.Canceled, recovery.ErrMismatch, errors.New("provider said no")}
+	refused := []error{nil, pg("23505"), pg("40001"), pg("42P01"), pg("57014"), context.Canceled, recovery.ErrMismatch, errors.New("provider said no"),
+		// Another system's failures, in a foreign step: net.Errors too.
+		&url.Error{Op: "Post", URL: "http://provider/charges", Err: &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}},
+		&url.Error{Op: "Post", URL: "http://provider/charges", Err: context.DeadlineExceeded},
+		fmt.Errorf("call: %w", context.DeadlineExceeded),
+	}
 	for _, err := range refused {
 		require.False(t, recovery.Unavailable(err), "%v", err)
 	}

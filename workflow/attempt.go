@@ -554,7 +554,8 @@ func (a *attempt[Req, State]) foreign(ctx context.Context, step phase.Step[Req, 
 		return a.respondOrReject(ctx, step.Name(), o)
 	}
 	if err != nil {
-		return a.failed(ctx, step.Name(), err)
+		res, err := a.failed(ctx, step.Name(), err)
+		return res, markForeign(err)
 	}
 	if err := a.e.crashPoint(ctx, a.key, AfterForeignCall, step.Name()); err != nil {
 		return nil, err

@@ -173,7 +173,7 @@ func (a *attempt[Req, State]) undo(ctx context.Context, name string, i int) (fin
 	}
 	if err != nil {
 		res, err = a.compensationFailed(ctx, name, err)
-		return false, res, err
+		return false, res, markForeign(err)
 	}
 	if err := a.e.crashPoint(ctx, a.key, AfterCompensationCall, name); err != nil {
 		return false, nil, err

@@ -3,6 +3,7 @@ package workflow
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -394,8 +395,14 @@ func (w *Workflow[Req, State]) Run(ctx context.Context, e *Engine, key Key, req 
 // resetIfReadOnly resets the engine's pool when err is a write a read-only
 // server refused (recovery.ResetIfReadOnly): a failover left the pool's
 // connections on a standby. The error stays the caller's to see; it
-// matches recovery.Unavailable (HTTP 503).
+// matches recovery.Unavailable (HTTP 503). A foreign step's own failure
+// does not reset it: a database that refused the step's write there is
+// another one, and resetting the engine's pool for it would reopen every
+// connection at each such failure.
 func (e *Engine) resetIfReadOnly(ctx context.Context, workflow string, err error) {
+	if stepErr := (*StepError)(nil); errors.As(err, &stepErr) && stepErr.foreign {
+		return
+	}
 	if recovery.ResetIfReadOnly(e.db, err) {
 		e.logger.WarnContext(ctx, "the database refused a write as read-only (a standby, after a failover?); the pool's connections were closed",
 			slog.String("workflow", workflow), slog.Any("error", err))

@@ -50,6 +50,20 @@ type StepError struct {
 	Step     string
 	Attempt  int
 	Err      error
+
+	// foreign is set when Err is what a foreign step's (or a
+	// compensation's) own function returned: whatever database refused it
+	// there is not the engine's (see Engine.resetIfReadOnly).
+	foreign bool
+}
+
+// markForeign marks err, when it is a *StepError, as a foreign function's
+// failure, and returns it.
+func markForeign(err error) error {
+	if stepErr := (*StepError)(nil); errors.As(err, &stepErr) {
+		stepErr.foreign = true
+	}
+	return err
 }
 
 // Error names the workflow, the step (when the failure was in one) and the

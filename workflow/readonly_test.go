@@ -2,12 +2,14 @@ package workflow_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/internal/testapp"
+	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -48,4 +50,42 @@ func TestReadOnlyServerResetsThePool(t *testing.T) {
 	require.NoError(t, err, "a connection still on the read-only server was reused")
 	require.False(t, res.Replayed)
 	require.Equal(t, 1, w.provider.Effects("charges"))
+}
+
+// TestAnotherDatabaseReadOnlyKeepsThePool: a foreign step that writes to
+// another database, which refuses the write as read-only (a replica, a
+// database in maintenance), failed for want of that database: the
+// engine's own connections are on its primary, and resetting them on
+// every such failure would close and reopen the pool at each request. The
+// next run reuses the engine's connections.
+func TestAnotherDatabaseReadOnlyKeepsThePool(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.NewPool(t, 2)
+	otherURL := dbtest.DirectURL(t, dbtest.NewDatabase(t, dbtest.Options{}))
+	dbtest.SetReadOnly(t, otherURL, true)
+	other := dbtest.Connect(t, otherURL, 1)
+	var refuse atomic.Bool
+	wf := workflow.Define("replicate",
+		phase.Foreign("copy", func(ctx context.Context, r *phase.Run[Order, Paid]) error {
+			if !refuse.Load() {
+				return nil
+			}
+			_, err := other.Exec(ctx, `CREATE TABLE copies (id int)`)
+			return err
+		}),
+	).Finish(func(*Paid) workflow.Response { return workflow.JSON(200, nil) })
+	e, err := workflow.NewEngine(db, workflow.Config{})
+	require.NoError(t, err)
+	_, err = wf.Run(ctx, e, workflow.Key{Tenant: "acme", ID: "warm"}, order)
+	require.NoError(t, err)
+	made := db.Stat().NewConnsCount()
+
+	refuse.Store(true)
+	_, err = wf.Run(ctx, e, workflow.Key{Tenant: "acme", ID: "k1"}, order)
+	require.True(t, recovery.ReadOnly(err), "25006 from the other database: %v", err)
+	refuse.Store(false)
+	_, err = wf.Run(ctx, e, workflow.Key{Tenant: "acme", ID: "k1"}, order)
+	require.NoError(t, err)
+	require.Equal(t, made, db.Stat().NewConnsCount(), "the engine's pool was reset for another database's refusal")
 }

@@ -77,13 +77,41 @@ var Maintenance = []Scan{
 	},
 }
 
-// Listed returns the maintenance scan sql is, or nil.
+// Listed returns the maintenance scan sql is, or nil. Comments do not
+// count: a statement does not become a listed scan by quoting one.
 func Listed(sql string) *Scan {
-	s := strings.Join(strings.Fields(strings.ToLower(strings.ReplaceAll(sql, `"`, ""))), " ")
+	s := strings.Join(strings.Fields(strings.ToLower(strings.ReplaceAll(withoutComments(sql), `"`, ""))), " ")
 	for i := range Maintenance {
 		if strings.Contains(s, Maintenance[i].Fragment) {
 			return &Maintenance[i]
 		}
 	}
 	return nil
+}
+
+// withoutComments returns sql with its comments as spaces, its literals
+// kept.
+func withoutComments(sql string) string {
+	var b strings.Builder
+	for i := 0; i < len(sql); {
+		rest := sql[i:]
+		n := 1
+		switch {
+		case strings.HasPrefix(rest, "--"):
+			n = lineEnd(rest)
+		case strings.HasPrefix(rest, "/*"):
+			n = blockEnd(rest)
+		case rest[0] == '\'' || rest[0] == '"':
+			n = quoteEnd(rest, rest[0])
+		case rest[0] == '$' && dollarTag.MatchString(rest):
+			n = dollarEnd(rest)
+		}
+		if strings.HasPrefix(rest, "--") || strings.HasPrefix(rest, "/*") {
+			b.WriteByte(' ')
+		} else {
+			b.WriteString(rest[:n])
+		}
+		i += n
+	}
+	return b.String()
 }

@@ -110,13 +110,17 @@ var (
 	// name is a onceflow name, schema-qualified or not, once quotes are gone.
 	name = regexp.MustCompile(`(?:\b[a-z_][a-z0-9_$]*\s*\.\s*)?\b(onceflow_[a-z0-9_]+)\b`)
 	// tablePosition ends where a table is read or written.
-	tablePosition = regexp.MustCompile(`(?:\b(?:from|join|update|into|using)|,)\s*$`)
+	// (ONLY, LATERAL, a parenthesised join, and TABLE, TRUNCATE, COPY and
+	// LOCK, which read or write the whole table, included.)
+	tablePosition = regexp.MustCompile(`(?:\b(?:from|join|update|into|using|only|lateral|table|truncate|copy|lock)|,|\()\s*$`)
 	// tenantEquals is tenant_id compared with one value: a parameter, the
 	// functions' p_tenant argument or a literal (strings are '' by then).
 	tenantValue  = `(?:\$\d+|p_tenant\b|'')(?:\s*::\s*text)?`
 	tenantEquals = regexp.MustCompile(`(?:\b[a-z_][a-z0-9_]*\.)?\btenant_id\s*=\s*` + tenantValue +
 		`|` + tenantValue + `\s*=\s*(?:\b[a-z_][a-z0-9_]*\.)?\btenant_id\b` +
-		`|\(\s*(?:[a-z_][a-z0-9_]*\.)?tenant_id\s*,[^()]*\)\s*(?:=|in)\s*\(\s*(?:\(\s*)?` + tenantValue)
+		`|\(\s*(?:[a-z_][a-z0-9_]*\.)?tenant_id\s*,[^()]*\)\s*(?:=\s*\(\s*` + tenantValue +
+		// An IN list of one row only: two rows may name two tenants.
+		`|in\s*\(\s*\(\s*` + tenantValue + `[^()]*\)\s*\))`)
 	// insertTenant is an INSERT naming tenant_id among its columns.
 	insertTenant = regexp.MustCompile(`\binsert\s+into\s+\S+(?:\s+as\s+\S+)?\s*\([^()]*\btenant_id\b`)
 	// firstArgument is a function call's first argument, up to a comma or
@@ -194,11 +198,40 @@ func checkCall(fn, args string) []string {
 func tenantFilters(s string) int {
 	n := len(insertTenant.FindAllStringIndex(s, -1))
 	for _, m := range tenantEquals.FindAllStringIndex(s, -1) {
-		if !orBeside(s, m[0], m[1]) {
+		if filterClause(s, m[0]) && !orBeside(s, m[0], m[1]) {
 			n++
 		}
 	}
 	return n
+}
+
+var clauseKeyword = regexp.MustCompile(`\b(?:where|on|having|set|select|values|when|then|else|returning|order|group|limit|from|join|using)\b`)
+
+// filterClause reports whether s[at:] starts in a WHERE or ON clause: a
+// comparison in a SET, a select list or a CASE filters no row.
+func filterClause(s string, at int) bool {
+	for at > 0 {
+		open, depth := -1, 0
+		for i := at - 1; i >= 0 && open < 0; i-- {
+			switch s[i] {
+			case ')':
+				depth++
+			case '(':
+				if depth == 0 {
+					open = i
+				} else {
+					depth--
+				}
+			}
+		}
+		before := flatten(s[open+1 : at])
+		if ms := clauseKeyword.FindAllString(before, -1); ms != nil {
+			last := ms[len(ms)-1]
+			return last == "where" || last == "on"
+		}
+		at = open // none in this group: the clause of the group around it
+	}
+	return false
 }
 
 var (

@@ -66,6 +66,18 @@ func TestUnroutedStatementsFail(t *testing.T) {
 		"join":                  `SELECT 1 FROM orders o JOIN onceflow_keys k ON k.key = o.key WHERE o.id = $1`,
 		"dml after ddl":         `CREATE INDEX i ON onceflow_keys (x); UPDATE onceflow_keys SET x = 1`,
 		"second statement":      `SELECT 1 FROM onceflow_keys WHERE tenant_id = $1; DELETE FROM onceflow_keys WHERE key = $2`,
+		"only":                  `SELECT id FROM ONLY onceflow_keys WHERE key = $2`,
+		"update only":           `UPDATE ONLY onceflow_keys SET owner = $1 WHERE key = $2`,
+		"lateral":               `SELECT 1 FROM t, LATERAL onceflow_keys`,
+		"parenthesised join":    `SELECT 1 FROM (onceflow_keys k JOIN orders o ON o.key = k.key) WHERE o.id = $1`,
+		"table":                 `TABLE onceflow_keys`,
+		"truncate":              `TRUNCATE onceflow_keys`,
+		"copy":                  `COPY onceflow_keys TO STDOUT`,
+		"lock":                  `LOCK TABLE onceflow_keys`,
+		"row list of two":       `SELECT 1 FROM onceflow_keys WHERE (tenant_id, key) IN (($1, $2), ($3, $4))`,
+		"tenant set":            `UPDATE onceflow_keys SET tenant_id = $1 WHERE key = $2`,
+		"tenant selected":       `SELECT tenant_id = $1 FROM onceflow_keys WHERE key = $2`,
+		"tenant in a case":      `SELECT 1 FROM onceflow_keys WHERE CASE WHEN tenant_id = $1 THEN true ELSE true END`,
 	} {
 		var v *routing.Violation
 		require.ErrorAs(t, routing.Check(sql), &v, name)
@@ -84,6 +96,8 @@ DELETE FROM "public".onceflow_keys WHERE ctid = ANY (ARRAY(
 	require.NotNil(t, scan)
 	require.Equal(t, "sweeper.Pruner: finished and abandoned records", scan.Name)
 	require.Nil(t, routing.Listed(`SELECT id FROM "public".onceflow_keys WHERE key = $2`))
+	require.Nil(t, routing.Listed(`/* as the pruner's "onceflow_keys where ctid = any (array(" */ DELETE FROM onceflow_keys WHERE key = $1`),
+		"a comment quoting a scan does not list a statement")
 	require.NotNil(t, routing.Listed(`UPDATE "public".onceflow_keys
 		SET status = 'failed'   WHERE status = 'compensated'`), "white space and quotes do not matter")
 	for _, s := range routing.Maintenance {
