@@ -47,6 +47,14 @@ const (
 	// that still remembers them answers with the old result instead of
 	// acting. Choose it when keys are never reused (UUIDs per intent, as
 	// idemclient makes) and the database may lose a commit in a failover.
+	// A lost record whose call was already undone (Compensate) is a trap
+	// too: the retry sends the call's key again and the provider replays
+	// its first answer, though that effect was undone; a step that must
+	// know should ask the provider for the effect's state.
+	//
+	// The choice is the engine's, not the record's: set it the same in
+	// every process that runs or resumes the same workflows, or the same
+	// step derives different keys in different processes.
 	FromClientKey
 )
 

@@ -2,12 +2,14 @@ package idemhttp_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/idemhttp"
@@ -130,4 +132,29 @@ func TestForeignStepUnreachableIsNotALostDatabase(t *testing.T) {
 		require.NotContains(t, problemOf(t, failed), "database")
 		require.EqualValues(t, try, calls.Load(), "the key is kept and the retry runs the step again")
 	}
+}
+
+// TestForeignStepsLostDatabaseIsNotOurs: a foreign step whose own
+// database went away (another system's: a ledger, say) failed as another
+// system fails: 500, the key kept. Only the engine's database being lost
+// is the 503 of a failover.
+func TestForeignStepsLostDatabaseIsNotOurs(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t, 4)
+	wf := workflow.Define("pay_ledger",
+		phase.Foreign("ledger", func(ctx context.Context, r *phase.Run[Payment, Paid]) error {
+			return fmt.Errorf("write the ledger: %w", &pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"})
+		}),
+	).Finish(func(s *Paid) workflow.Response { return workflow.JSON(http.StatusCreated, s) })
+	engine, err := workflow.NewEngine(pool, workflow.Config{})
+	require.NoError(t, err)
+	h, err := idemhttp.Workflow(engine, wf, idemhttp.WorkflowConfig{Tenant: trustedTenant})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	s := &server{t: t, db: pool, url: srv.URL}
+
+	failed := s.post("/", "k1", "acme", `{"amount_cents": 500}`)
+	require.Equal(t, http.StatusInternalServerError, failed.status, failed.body)
+	require.NotContains(t, problemOf(t, failed), "database")
 }

@@ -6,7 +6,11 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"reflect"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -63,14 +67,35 @@ func ReadOnly(err error) bool {
 // *pgxpool.Pool does.
 type Resetter interface{ Reset() }
 
+// ResetInterval is the least time between two resets of one pool by
+// ResetIfReadOnly: a database that stays read-only (no
+// target_session_attrs=read-write, a host name still naming the standby)
+// gets 503s, not a pool closed and reopened at every request.
+const ResetInterval = time.Second
+
+// lastReset holds, per pool ResetIfReadOnly reset, when it last did (an
+// *atomic.Int64 of Unix nanoseconds).
+var lastReset sync.Map
+
 // ResetIfReadOnly resets db's connections when err is a write refused by a
 // read-only server (ReadOnly) and db is a Resetter, so that no connection
 // stays on a standby: the pool's next connections go where its connection
 // string leads (with target_session_attrs=read-write, to the primary). It
-// reports whether it reset db.
+// resets one pool at most once per ResetInterval, and reports whether it
+// reset db.
 func ResetIfReadOnly(db any, err error) bool {
 	r, ok := db.(Resetter)
 	if !ok || !ReadOnly(err) {
+		return false
+	}
+	if !reflect.TypeOf(r).Comparable() { // no key to remember it by
+		r.Reset()
+		return true
+	}
+	v, _ := lastReset.LoadOrStore(r, new(atomic.Int64))
+	last := v.(*atomic.Int64)
+	now, prev := time.Now().UnixNano(), last.Load()
+	if prev != 0 && now-prev < int64(ResetInterval) || !last.CompareAndSwap(prev, now) {
 		return false
 	}
 	r.Reset()

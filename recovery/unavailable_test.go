@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -42,4 +43,23 @@ func TestUnavailableTellsALostDatabaseFromARefusal(t *testing.T) {
 	require.True(t, recovery.ReadOnly(pg("25006")))
 	require.False(t, recovery.ReadOnly(pg("08006")))
 	require.False(t, recovery.ResetIfReadOnly(nil, pg("25006")), "nothing to reset")
+}
+
+type countingPool struct{ resets atomic.Int32 }
+
+func (p *countingPool) Reset() { p.resets.Add(1) }
+
+// TestResetIfReadOnlyAtMostOncePerInterval: a database that stays
+// read-only answers every request 503; its pool is reset once per
+// ResetInterval, not closed and reopened at each request.
+func TestResetIfReadOnlyAtMostOncePerInterval(t *testing.T) {
+	t.Parallel()
+	readOnly := &pgconn.PgError{Code: "25006"}
+	pool, other := &countingPool{}, &countingPool{}
+	for range 50 {
+		recovery.ResetIfReadOnly(pool, readOnly)
+	}
+	require.True(t, recovery.ResetIfReadOnly(other, readOnly), "each pool has its own interval")
+	require.EqualValues(t, 1, pool.resets.Load())
+	require.False(t, recovery.ResetIfReadOnly(pool, &pgconn.PgError{Code: "08006"}), "only a read-only refusal resets")
 }

@@ -400,7 +400,7 @@ func (w *Workflow[Req, State]) Run(ctx context.Context, e *Engine, key Key, req 
 // another one, and resetting the engine's pool for it would reopen every
 // connection at each such failure.
 func (e *Engine) resetIfReadOnly(ctx context.Context, workflow string, err error) {
-	if stepErr := (*StepError)(nil); errors.As(err, &stepErr) && stepErr.foreign {
+	if stepErr := (*StepError)(nil); errors.As(err, &stepErr) && stepErr.Foreign {
 		return
 	}
 	if recovery.ResetIfReadOnly(e.db, err) {

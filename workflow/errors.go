@@ -51,17 +51,18 @@ type StepError struct {
 	Attempt  int
 	Err      error
 
-	// foreign is set when Err is what a foreign step's (or a
-	// compensation's) own function returned: whatever database refused it
-	// there is not the engine's (see Engine.resetIfReadOnly).
-	foreign bool
+	// Foreign is set when Err is what a foreign step's (or a
+	// compensation's) own function returned: another system's failure,
+	// never the engine's database's, whatever it looks like (a refused
+	// connection, a read-only database of its own).
+	Foreign bool
 }
 
 // markForeign marks err, when it is a *StepError, as a foreign function's
 // failure, and returns it.
 func markForeign(err error) error {
 	if stepErr := (*StepError)(nil); errors.As(err, &stepErr) {
-		stepErr.foreign = true
+		stepErr.Foreign = true
 	}
 	return err
 }

@@ -400,7 +400,7 @@ var mutants = []Mutant{
 		Name:   "lost-database-step-is-500",
 		Breaks: "a step that lost its database (a failover) is answered 500, not 503 with Retry-After",
 		Edits: []Edit{{File: "idemhttp/workflow.go",
-			Old: "case errors.As(err, &stepErr) && recovery.Unavailable(err):", New: "case errors.As(err, &stepErr) && recovery.Unavailable(err) && false:"}},
+			Old: "case errors.As(err, &stepErr) && !stepErr.Foreign && recovery.Unavailable(err):", New: "case errors.As(err, &stepErr) && !stepErr.Foreign && recovery.Unavailable(err) && false:"}},
 		Pkg: "./idemhttp", Run: "^TestWorkflowStepOnAReadOnlyServerIs503$",
 	},
 	{
