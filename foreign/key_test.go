@@ -70,3 +70,19 @@ func TestSetHeaderSendsTraceContext(t *testing.T) {
 	foreign.SetHeader(bare, "of1_abc")
 	require.Empty(t, bare.Header.Get("traceparent"))
 }
+
+// TestKeySourceText: each key source parses back from its text, which the
+// flags and logs use; anything else is refused.
+func TestKeySourceText(t *testing.T) {
+	t.Parallel()
+	for _, s := range []foreign.KeySource{foreign.FromRecord, foreign.FromClientKey} {
+		parsed, err := foreign.ParseKeySource(s.String())
+		require.NoError(t, err)
+		require.Equal(t, s, parsed)
+	}
+	require.Equal(t, "record", foreign.FromRecord.String(), "the zero value, the default")
+	_, err := foreign.ParseKeySource("")
+	require.Error(t, err)
+	_, err = foreign.ParseKeySource("KeySource(1)")
+	require.Error(t, err)
+}

@@ -30,7 +30,7 @@ type Call[Req, State any] struct {
 // step makes, such as one per item in a loop: the same parts always give the
 // same key within this step of this record.
 func (c *Call[Req, State]) KeyFor(parts ...string) string {
-	return DeriveKey(c.Run.Key, c.Run.RecordID, keyStep(c.Run), parts...)
+	return DeriveKey(c.Run.Key, keyRecord(c.Run), keyStep(c.Run), parts...)
 }
 
 // keyStep is the step name r's downstream keys derive from.
@@ -70,7 +70,7 @@ const compensateKeyPart = "compensate"
 // key.
 func wrap[Req, State any](o *options, fn func(ctx context.Context, c *Call[Req, State]) error, compensation bool) phase.ForeignFunc[Req, State] {
 	return func(ctx context.Context, r *phase.Run[Req, State]) error {
-		c := &Call[Req, State]{Run: r, Key: DeriveKey(r.Key, r.RecordID, keyStep(r))}
+		c := &Call[Req, State]{Run: r, Key: DeriveKey(r.Key, keyRecord(r), keyStep(r))}
 		if compensation {
 			c.Compensates, c.Key = c.Key, c.KeyFor(compensateKeyPart)
 		}

@@ -116,6 +116,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return err
 		})
 		m.observe(op, outcome, err)
+		m.resetIfReadOnly(r, err)
 		return err
 	}
 	err := m.waits.await(w, r, claim(), claim)
@@ -170,12 +171,22 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery
 			detail: "another attempt took this request over; retry to get its answer"})
 	case err != nil:
 		m.logger.ErrorContext(r.Context(), "could not store the response", slog.Any("error", err))
+		m.resetIfReadOnly(r, err)
 		m.forget(cleanupCtx, rec) // nothing was stored: let a retry run it again
 		writeProblem(w, &problem{status: http.StatusServiceUnavailable, retryAfter: time.Second,
 			detail: "the response could not be stored; retry with the same key"})
 	default:
 		m.expires(w, time.Time{})
 		writeResponse(w, resp, false)
+	}
+}
+
+// resetIfReadOnly resets the middleware's pool when err is a write a
+// read-only server refused (recovery.ResetIfReadOnly): a failover left
+// the pool's connections on a standby, and the request is answered 503.
+func (m *middleware) resetIfReadOnly(r *http.Request, err error) {
+	if recovery.ResetIfReadOnly(m.db, err) {
+		m.logger.WarnContext(r.Context(), "the database refused a write as read-only (a standby, after a failover?); the pool's connections were closed", slog.Any("error", err))
 	}
 }
 

@@ -202,6 +202,9 @@ func (c *core) runFailed(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &stepErr) && errors.As(err, &deferred):
 		writeProblem(w, &problem{status: http.StatusServiceUnavailable, retryAfter: min(deferred.After, recovery.MaxDefer),
 			detail: "the request waits for another system, which asked for time; it is kept and resumed then: retry with the same key after Retry-After"})
+	case errors.As(err, &stepErr) && recovery.Unavailable(err):
+		writeProblem(w, &problem{status: http.StatusServiceUnavailable, retryAfter: time.Second,
+			detail: "the database was lost part-way (a failover?); retry with the same key to resume the request"})
 	case errors.As(err, &stepErr):
 		writeProblem(w, &problem{status: http.StatusInternalServerError,
 			detail: "the request failed part-way; retry with the same key to resume it"})

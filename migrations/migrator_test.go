@@ -131,11 +131,7 @@ func TestSchemaIsQualifiedExplicitly(t *testing.T) {
 	// A search_path that finds nothing: only explicit qualification works.
 	// The database's default, not a startup parameter: PgBouncer refuses those.
 	url := dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true, Settings: map[string]string{"search_path": "pg_catalog"}})
-	cfg, err := pgxpool.ParseConfig(url)
-	require.NoError(t, err)
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
+	db := dbtest.Connect(t, url, 0)
 
 	m, err := migrations.New(db, migrations.Config{Schema: "Billing_EU"})
 	require.NoError(t, err)

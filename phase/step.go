@@ -63,6 +63,10 @@ type Run[Req, State any] struct {
 	// RecordID is the key record's id: minted once, the same for every
 	// attempt, different if the key is reused after its record was pruned.
 	RecordID uuid.UUID
+	// KeysFromClientKey, set by the engine (workflow.Config.DeriveKeysFrom),
+	// makes downstream keys (foreign.Mutation) derive from Key alone rather
+	// than from Key and RecordID.
+	KeysFromClientKey bool
 	// Step is the name of the step being run.
 	Step string
 	// KeyStep is the name downstream keys derive from (foreign.Mutation):

@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/dbtest"
@@ -185,12 +184,8 @@ func TestStoreUsesConfiguredSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	// The database's default, not a startup parameter: PgBouncer refuses those.
-	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true,
-		Settings: map[string]string{"search_path": "pg_catalog"}}))
-	require.NoError(t, err)
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
+	db := dbtest.Connect(t, dbtest.NewDatabase(t, dbtest.Options{Unmigrated: true,
+		Settings: map[string]string{"search_path": "pg_catalog"}}), 0)
 	m, err := migrations.New(db, migrations.Config{Schema: "idem"})
 	require.NoError(t, err)
 	_, err = m.Up(ctx)

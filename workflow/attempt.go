@@ -222,6 +222,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 	}
 	a.rec, a.outcome, a.claimedPoint = rec, outcome, rec.RecoveryPoint
 	a.run.Key, a.run.RecordID, a.run.Attempt, a.run.Lease = a.key, rec.ID, rec.Attempts+1, a.e.lease
+	a.run.KeysFromClientKey = a.e.keysFromKey
 	a.run.Retried = func(step string, try int, err error, wait time.Duration) { a.retried(ctx, step, try, err, wait) }
 	a.run.Pacer = a.e.pacer
 	a.committed = rec.RecoveryPoint != ""

@@ -74,6 +74,7 @@ func TestHeartbeatDoesNotDeadlockAFullPool(t *testing.T) {
 	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{}))
 	require.NoError(t, err)
 	cfg.MaxConns = 1
+	dbtest.CheckRouting(t, cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -229,6 +230,7 @@ func repeatableReadPool(t *testing.T) *pgxpool.Pool {
 	cfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{
 		Settings: map[string]string{"default_transaction_isolation": "repeatable read"}}))
 	require.NoError(t, err)
+	dbtest.CheckRouting(t, cfg.ConnConfig)
 	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(db.Close)

@@ -83,6 +83,20 @@ type Config struct {
 	// nothing.
 	Pacing map[string]foreign.Pace
 
+	// DeriveKeysFrom is what downstream keys (foreign.Mutation) derive from
+	// besides the tenant, the client's key and the step: the record's id
+	// (foreign.FromRecord, the zero value) or nothing more
+	// (foreign.FromClientKey). The record's id keeps a key reused after
+	// pruning from reaching another system's memory of the first use; the
+	// client's key alone keeps a record lost in a database failover (an
+	// asynchronous standby promoted) from being charged again when the
+	// retry makes it anew. With synchronous replication no acknowledged
+	// record is lost, and the default is right; see docs/failover.md.
+	// Changing it changes the keys of calls not yet made, including those
+	// of records in flight: change it between deploys with no records in
+	// flight, or accept that those calls go out under new keys.
+	DeriveKeysFrom foreign.KeySource
+
 	// Logger receives takeovers, step failures, retries within a step
 	// (foreign.Retry), circuits opened and deferrals by pacing
 	// (foreign.Limit), lost leases and terminal failures. nil discards
@@ -141,6 +155,9 @@ func (cfg Config) validate() error {
 	if cfg.MaxAttempts < -1 {
 		return fmt.Errorf("%w: MaxAttempts is %d; use -1 for no limit", ErrInvalidInput, cfg.MaxAttempts)
 	}
+	if cfg.DeriveKeysFrom != foreign.FromRecord && cfg.DeriveKeysFrom != foreign.FromClientKey {
+		return fmt.Errorf("%w: DeriveKeysFrom is %s", ErrInvalidInput, cfg.DeriveKeysFrom)
+	}
 	if cfg.DBTimeout < 0 {
 		return fmt.Errorf("%w: DBTimeout is %s", ErrInvalidInput, cfg.DBTimeout)
 	}
@@ -155,6 +172,7 @@ type Engine struct {
 	lease       time.Duration
 	dbTimeout   time.Duration
 	maxAttempts int
+	keysFromKey bool // Config.DeriveKeysFrom is foreign.FromClientKey
 	logger      *slog.Logger
 	hooks       Hooks
 	observer    Observer
@@ -227,6 +245,7 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 		lease:       store.Lease(),
 		dbTimeout:   cfg.DBTimeout,
 		maxAttempts: cfg.MaxAttempts,
+		keysFromKey: cfg.DeriveKeysFrom == foreign.FromClientKey,
 		logger:      cfg.Logger,
 		observer:    cfg.Observer,
 		now:         cfg.Clock,
@@ -367,7 +386,20 @@ func (w *Workflow[Req, State]) Run(ctx context.Context, e *Engine, key Key, req 
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return w.run(ctx, e, key, req, o)
+	res, err := w.run(ctx, e, key, req, o)
+	e.resetIfReadOnly(ctx, w.name, err)
+	return res, err
+}
+
+// resetIfReadOnly resets the engine's pool when err is a write a read-only
+// server refused (recovery.ResetIfReadOnly): a failover left the pool's
+// connections on a standby. The error stays the caller's to see; it
+// matches recovery.Unavailable (HTTP 503).
+func (e *Engine) resetIfReadOnly(ctx context.Context, workflow string, err error) {
+	if recovery.ResetIfReadOnly(e.db, err) {
+		e.logger.WarnContext(ctx, "the database refused a write as read-only (a standby, after a failover?); the pool's connections were closed",
+			slog.String("workflow", workflow), slog.Any("error", err))
+	}
 }
 
 // RunOption changes how Workflow.Run treats one request.
@@ -404,7 +436,9 @@ func (e *Engine) Resume(ctx context.Context, key Key) (*Result, error) {
 	if !ok {
 		return nil, fmt.Errorf("resume key %q of tenant %q: %w %q", key.ID, key.Tenant, ErrUnknownWorkflow, rec.Workflow)
 	}
-	return wf.resume(ctx, e, rec, 0)
+	res, err := wf.resume(ctx, e, rec, 0)
+	e.resetIfReadOnly(ctx, rec.Workflow, err)
+	return res, err
 }
 
 // replayed is the result of a finished record.

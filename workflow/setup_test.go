@@ -59,6 +59,7 @@ func newWorldOn(t *testing.T, url string) *world {
 	require.NoError(t, err)
 	counter := &pgtrace.Counter{}
 	cfg.ConnConfig.Tracer = counter
+	dbtest.CheckRouting(t, cfg.ConnConfig)
 	cfg.MaxConns = 40
 	db, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -74,6 +75,7 @@ onceflow command (onceflow keys list, onceflow outbox list).`,
 	flags.StringVar(&f.databaseURL, "database-url", "", "PostgreSQL URL (default: a throwaway PostgreSQL started for this run)")
 	flags.StringVar(&f.providerURL, "provider-url", "", "payment provider URL (default: a fake provider started in-process)")
 	flags.DurationVar(&f.lease, "lease", recovery.LeaseDefault, "how long an attempt holds a checkout's key")
+	flags.StringVar(&f.deriveKeysFrom, "derive-keys-from", foreign.FromRecord.String(), "what the provider's keys derive from besides the client's key: record (new keys for a key reused after pruning) or client-key (the same keys for a record lost in a failover to an asynchronous standby)")
 	flags.DurationVar(&f.dbTimeout, "db-timeout", workflow.DBTimeoutDefault, "how long a request waits for a connection and its claim before it is answered 503")
 	flags.DurationVar(&f.sweepEvery, "sweep-every", 10*time.Second, "how often the sweeper finishes abandoned checkouts and sends receipts")
 	flags.StringVar(&f.crashAfter, "crash-after", "", "exit at once (code 3) right after this step: create_order, charge or record_charge")

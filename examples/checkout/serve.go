@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/idemhttp"
 	"github.com/onceflow/onceflow/internal/pgcluster"
 	"github.com/onceflow/onceflow/migrations"
@@ -34,7 +35,7 @@ const crashExitCode = 3
 type serveFlags struct {
 	addr, databaseURL, providerURL, crashAfter, crashAt, stopAfter string
 	lease, sweepEvery, dbTimeout                                   time.Duration
-	apiKeys, operatorTokenFile                                     string
+	apiKeys, operatorTokenFile, deriveKeysFrom                     string
 	trustTenantHeader                                              bool
 	limits                                                         serverLimits
 }
@@ -46,6 +47,10 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 		if value != "" && (f.databaseURL == "" || f.providerURL == "") {
 			return fmt.Errorf("%s needs --database-url and --provider-url: the throwaway database and the in-process provider die with the process, and the retry would find nothing to resume", flag)
 		}
+	}
+	keySource, err := foreign.ParseKeySource(f.deriveKeysFrom)
+	if err != nil {
+		return fmt.Errorf("--derive-keys-from: %w", err)
 	}
 	auth, err := authFrom(f, stdout, logger)
 	if err != nil {
@@ -100,7 +105,7 @@ func serve(ctx context.Context, f serveFlags, stdout, stderr io.Writer) error {
 		return err
 	}
 	engine, err := workflow.NewEngine(db, workflow.Config{Lease: f.lease, DBTimeout: f.dbTimeout, Hooks: hooks,
-		Logger: logger, Workflows: definitions(checkout)})
+		DeriveKeysFrom: keySource, Logger: logger, Workflows: definitions(checkout)})
 	if err != nil {
 		return err
 	}

@@ -45,3 +45,13 @@ func TestServeBindsItsPortFirst(t *testing.T) {
 	require.Contains(t, string(out), "address already in use")
 	require.NotContains(t, string(out), "ONCEFLOW_DATABASE_URL", "no database was started")
 }
+
+// TestServeRefusesAnUnknownKeySource: --derive-keys-from takes record or
+// client-key, and anything else stops serve before it starts anything.
+func TestServeRefusesAnUnknownKeySource(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command(binary, "serve", "--addr", "127.0.0.1:0", "--derive-keys-from", "record-id").CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), `--derive-keys-from: "record-id" is not a key source (record or client-key)`)
+	require.NotContains(t, string(out), "ONCEFLOW_DATABASE_URL", "no database was started")
+}

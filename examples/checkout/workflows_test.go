@@ -12,10 +12,10 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
@@ -66,9 +66,7 @@ func TestDeployCheck(t *testing.T) {
 
 	// A checkout this build left in flight (a claim with its definition, as
 	// a process that died after claiming leaves one).
-	pool, err := pgxpool.New(context.Background(), e.dbURL)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := dbtest.Connect(t, e.dbURL, 0)
 	store, err := recovery.New(pool, recovery.Config{})
 	require.NoError(t, err)
 	fp, canonical, err := recovery.FingerprintJSON("checkout", []byte(`{}`))

@@ -195,7 +195,12 @@ func realisticCase(ctx context.Context, srv *server, cfg Config) ([]Result, erro
 		}
 		r := ratio(fmt.Sprintf("realistic checkout (3 lines + stock), network, concurrency %d", c), once, floor, "/s", 0.90)
 		r.Note = gaveUpNote(gaveUp)
-		results = append(results, r)
+		bound, err := keyedBound(ctx, cfg, c, "realistic checkout",
+			realisticFloor(db.pool, fmt.Sprintf("kf%d-", c), &keyRecord{prefix: fmt.Sprintf("k%d-", c)}), realisticFloor(db.pool, fmt.Sprintf("bf%d-", c), nil))
+		if err != nil {
+			return nil, err
+		}
+		results = append(results, r, bound)
 	}
 	counts, err := countPerOp(ctx, srv, db, 200, "realistic checkout",
 		realisticOnceflow(engine, wf, "count-"), realisticFloor(db.pool, "count-f-", nil))

@@ -18,6 +18,11 @@
 // goes straight to PostgreSQL. DirectURL gives a test the same database
 // without PgBouncer, for what only PostgreSQL itself can answer.
 //
+// Every pool Connect and NewPool hand out checks that each statement
+// onceflow's packages send through it would route by tenant in a
+// distributed PostgreSQL (CheckRouting, package routing), and fails the
+// test with each that would not.
+//
 // NewSkewedDatabase gives a test a database on a second throwaway server
 // whose clock is an offset away from this machine's (through libfaketime),
 // for proving that only the database clock decides leases.
@@ -33,12 +38,14 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/multitracer"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/internal/pgadmin"
 	"github.com/onceflow/onceflow/internal/pgbouncer"
 	"github.com/onceflow/onceflow/internal/pgcluster"
+	"github.com/onceflow/onceflow/internal/routing"
 )
 
 // PgBouncerEnv names the environment variable that routes the tests
@@ -292,6 +299,26 @@ func (s *dbServer) newDatabase(t testing.TB, opts Options) string {
 	return name
 }
 
+// SetReadOnly makes every new session of the database connString names
+// read-only (default_transaction_read_only), so that a write gets SQLSTATE
+// 25006 as it does on a standby, or, with readOnly false, read-write
+// again. Sessions already open keep what they had: a test makes a pool
+// that fails over onto a standby by opening it after.
+func SetReadOnly(t testing.TB, connString string, readOnly bool) {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sql := "ALTER DATABASE " + pgx.Identifier{cfg.Database}.Sanitize() + " RESET default_transaction_read_only"
+	if readOnly {
+		sql = "ALTER DATABASE " + pgx.Identifier{cfg.Database}.Sanitize() + " SET default_transaction_read_only TO on"
+	}
+	if err := server.admin(context.Background(), sql); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // NewPool connects to a new migrated database for t, with room for maxConns
 // connections (0 means 8). The pool is closed when t ends.
 func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
@@ -300,7 +327,8 @@ func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 }
 
 // Connect opens a pool to url with room for maxConns connections (0 means
-// 8), closed when t ends.
+// 8), closed when t ends. It checks every statement onceflow sends through
+// the pool (CheckRouting).
 func Connect(t testing.TB, url string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
@@ -311,6 +339,7 @@ func Connect(t testing.TB, url string, maxConns int32) *pgxpool.Pool {
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
+	CheckRouting(t, cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -333,4 +362,22 @@ func (s *dbServer) admin(ctx context.Context, sql string) error {
 
 func quoteLiteral(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// CheckRouting makes cfg's connections check every statement onceflow's
+// packages send through them, and fail t with each one that would not
+// route to one node of a PostgreSQL distributed by tenant (package
+// routing), beside the tracer cfg has. Connect calls it; a test that
+// builds its own pool config calls it too. Pools made elsewhere (processes
+// that systemtest and the cmd tests start, runnable examples) are not
+// checked.
+func CheckRouting(t testing.TB, cfg *pgx.ConnConfig) {
+	checker := &routing.Tracer{Report: func(v *routing.Violation, sender string) {
+		t.Errorf("%s sent a statement that does not route by tenant: %v", sender, v)
+	}}
+	if cfg.Tracer == nil {
+		cfg.Tracer = checker
+		return
+	}
+	cfg.Tracer = multitracer.New(cfg.Tracer, checker)
 }

@@ -142,6 +142,14 @@ var mutants = []Mutant{
 		Pkg: "./recovery", Run: "^TestTenantsAreIsolated$",
 	},
 	{
+		Name:   "load-unrouted",
+		Breaks: "loading a record filters by key only, so a distributed PostgreSQL would send the read to every node",
+		Edits: []Edit{{File: "recovery/sql.go",
+			Old: "` FROM {keys} WHERE tenant_id = $1 AND key = $2`\n",
+			New: "` FROM {keys} WHERE $1::text IS NOT NULL AND key = $2`\n"}},
+		Pkg: "./recovery", Run: "^TestClaimInFlightValidSameFingerprint$",
+	},
+	{
 		Name:   "input-unchecked",
 		Breaks: "names in invalid UTF-8 pass the input rules",
 		Edits: []Edit{{File: "recovery/key.go",
@@ -373,6 +381,27 @@ var mutants = []Mutant{
 		Edits: []Edit{{File: "foreign/key.go",
 			Old: "\th.Write(recordID[:])\n", New: "\t_ = recordID\n"}},
 		Pkg: "./foreign", Run: "^TestDeriveKey$",
+	},
+	{
+		Name:   "client-key-source-ignored",
+		Breaks: "DeriveKeysFrom client-key still derives from the record's id",
+		Edits: []Edit{{File: "foreign/key.go",
+			Old: "\tif r.KeysFromClientKey {\n", New: "\tif r.KeysFromClientKey && false {\n"}},
+		Pkg: "./workflow", Run: "^TestDeriveKeysFromALostRecord$",
+	},
+	{
+		Name:   "read-only-pool-kept",
+		Breaks: "a pool whose connections are on a read-only server (a standby after a failover) is not reset",
+		Edits: []Edit{{File: "recovery/unavailable.go",
+			Old: "\tr.Reset()\n", New: "\t_ = r\n"}},
+		Pkg: "./workflow", Run: "^TestReadOnlyServerResetsThePool$",
+	},
+	{
+		Name:   "lost-database-step-is-500",
+		Breaks: "a step that lost its database (a failover) is answered 500, not 503 with Retry-After",
+		Edits: []Edit{{File: "idemhttp/workflow.go",
+			Old: "case errors.As(err, &stepErr) && recovery.Unavailable(err):", New: "case errors.As(err, &stepErr) && recovery.Unavailable(err) && false:"}},
+		Pkg: "./idemhttp", Run: "^TestWorkflowStepOnAReadOnlyServerIs503$",
 	},
 	{
 		Name:   "principal-ignored",
