@@ -54,7 +54,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 	for range failovers {
 		r.awaitAnswers(int64(20 + rnd.IntN(40)))
 		time.Sleep(rnd.Duration(0, 100*time.Millisecond)) // the seeded moment, not a synchronisation
-		seen = append(seen, r.failover())
+		seen = append(seen, r.failover(r.holdCharge()))
 	}
 	r.awaitAnswers(30) // the load goes on on the last primary
 	r.stop()
@@ -198,9 +198,10 @@ func (r *failoverRun) stop() {
 
 // failoverSeen is what one failover took.
 type failoverSeen struct {
+	killedAt  time.Time
 	promotion time.Duration // from the kill to the standby taking writes
 	clients   time.Duration // from the first failed attempt to the first success after it
-	inFlight  int           // records in flight at the promotion
+	inFlight  int           // records in flight at the kill
 	drained   time.Duration // from the promotion until those were finished
 	rejoin    time.Duration // from the rejoin until the old primary is a standby
 }
@@ -208,24 +209,46 @@ type failoverSeen struct {
 func (s failoverSeen) String() string {
 	return "promoted " + s.promotion.Round(time.Millisecond).String() + " after the kill; clients saw " +
 		s.clients.Round(time.Millisecond).String() + " from their first failure to their first success; " +
-		strconv.Itoa(s.inFlight) + " records in flight at the promotion, finished " + s.drained.Round(time.Millisecond).String() +
-		" later; old primary a standby " + s.rejoin.Round(time.Millisecond).String() + " after its rejoin"
+		strconv.Itoa(s.inFlight) + " records in flight at the kill, finished " + s.drained.Round(time.Millisecond).String() +
+		" after the promotion; old primary a standby " + s.rejoin.Round(time.Millisecond).String() + " after its rejoin"
 }
 
-// failover kills the primary's node while a checkout's charge is held, so
-// that its record is in flight through the failover; waits for the
-// standby's promotion, then lets the charge go on and waits for the
-// records in flight to finish; and has the old primary rejoin as the new
-// standby.
-func (r *failoverRun) failover() failoverSeen {
-	t := r.t
-	t.Helper()
+// holdCharge holds the next checkout's charge at the proxy and returns
+// once it is held: the checkout's order is committed, its record in
+// flight.
+func (r *failoverRun) holdCharge() *killGate {
+	r.t.Helper()
 	witness := r.proxy.holdNext()
 	select {
-	case <-witness.arrived: // its order committed, it waits for its charge
+	case <-witness.arrived:
 	case <-time.After(time.Minute):
-		t.Fatal("no charge request within a minute")
+		r.t.Fatal("no charge request within a minute")
 	}
+	return witness
+}
+
+// failover kills the primary's node while witness holds a checkout's
+// charge, so that its record is in flight through the failover; waits for
+// the standby's promotion, then lets the charge go on and waits for the
+// records in flight to finish; and has the old primary rejoin as the new
+// standby.
+func (r *failoverRun) failover(witness *killGate) failoverSeen {
+	t := r.t
+	t.Helper()
+	// The records in flight now: the witness's, held, and others. Each is
+	// finished within the lease and a margin of the promotion: the dead
+	// primary's attempts lost their connections, their leases run out,
+	// and a client's retry or a sweeper takes each over. (With
+	// asynchronous replication, a record lost with the primary is not in
+	// flight either.)
+	db := dbfaultConnect(t, r.f.URL())
+	rows, err := db.Query(r.ctx, `SELECT key FROM onceflow_keys WHERE status = 'in_flight'`)
+	require.NoError(t, err)
+	inFlight, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.NoError(t, db.Close(r.ctx))
+	require.NotEmpty(t, inFlight, "the held checkout's record is in flight")
+
 	r.watch.arm()
 	killed, err := r.f.KillPrimary(r.ctx)
 	require.NoError(t, err)
@@ -237,26 +260,16 @@ func (r *failoverRun) failover() failoverSeen {
 		}
 	}
 	require.NoError(t, r.f.WaitPrimary(r.ctx, promoted, failoverBound))
-	s := failoverSeen{promotion: time.Since(killedAt)}
+	s := failoverSeen{killedAt: killedAt, promotion: time.Since(killedAt), inFlight: len(inFlight)}
 	promotedAt := time.Now()
-
-	// The records in flight now: those the dead primary's attempts left,
-	// whose leases run out, and new ones. Each is finished within the
-	// lease and a margin: by its client's retry, or the sweeper.
-	db := dbfaultConnect(t, r.f.URL())
-	rows, err := db.Query(r.ctx, `SELECT key FROM onceflow_keys WHERE status = 'in_flight'`)
-	require.NoError(t, err)
-	inFlight, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	s.inFlight = len(inFlight)
-	require.Positive(t, s.inFlight, "the held checkout's record is in flight")
 	witness.release()
-	dbfaultPoll(t, time.Minute, 20*time.Millisecond, "the records in flight at the promotion to finish", func() bool {
+	db = dbfaultConnect(t, r.f.URL())
+	dbfaultPoll(t, time.Minute, 20*time.Millisecond, "the records in flight at the kill to finish", func() bool {
 		return dbfaultCount(t, db, `SELECT count(*) FROM onceflow_keys WHERE status = 'in_flight' AND key = ANY($1)`, inFlight) == 0
 	})
 	s.drained = time.Since(promotedAt)
 	require.LessOrEqual(t, s.drained, dbfaultLease+dbfaultMargin,
-		"a record in flight at the promotion stayed so longer than the lease and the margin")
+		"a record in flight at the kill stayed so longer than the lease and the margin after the promotion")
 
 	rejoinedAt := time.Now()
 	require.NoError(t, r.f.Rejoin(killed))

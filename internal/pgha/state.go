@@ -178,13 +178,8 @@ func (f *Formation) WaitPrimary(ctx context.Context, n *Node, timeout time.Durat
 		if err != nil || !isPrimary(states[n.Name]) {
 			return false, err
 		}
-		conn, err := pgx.Connect(ctx, f.URL())
-		if err != nil {
-			return false, err
-		}
-		defer conn.Close(ctx)
 		var port int
-		err = conn.QueryRow(ctx, `SELECT current_setting('port')::int`).Scan(&port)
+		err = f.queryRow(ctx, f.URL(), `SELECT current_setting('port')::int`, nil, &port)
 		return err == nil && port == n.Port, err
 	})
 }
@@ -244,13 +239,8 @@ func (f *Formation) setQuorum(ctx context.Context, quorum bool, timeout time.Dur
 		if err != nil {
 			return false, err
 		}
-		conn, err := pgx.Connect(ctx, f.NodeURL(p))
-		if err != nil {
-			return false, err
-		}
-		defer conn.Close(ctx)
 		var names string
-		err = conn.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names')`).Scan(&names)
+		err = f.queryRow(ctx, f.NodeURL(p), `SELECT current_setting('synchronous_standby_names')`, nil, &names)
 		return err == nil && (names != "") == quorum, err
 	})
 }
@@ -293,4 +283,44 @@ func (f *Formation) PauseReplication(ctx context.Context) (resume func(), err er
 		}
 	}
 	return resume, nil
+}
+
+// WaitReplicated waits, for at most timeout, until every standby has
+// replayed what the primary had written when it was called: a commit
+// acknowledged before the call survives a failover after it, whatever
+// the replication mode.
+func (f *Formation) WaitReplicated(ctx context.Context, timeout time.Duration) error {
+	p, err := f.Primary(ctx)
+	if err != nil {
+		return err
+	}
+	var lsn string
+	if err := f.queryRow(ctx, f.NodeURL(p), `SELECT pg_current_wal_lsn()::text`, nil, &lsn); err != nil {
+		return fmt.Errorf("pgha: the primary's position: %w", err)
+	}
+	for _, n := range f.nodes {
+		if n == p {
+			continue
+		}
+		err := f.waitFor(ctx, timeout, n.Name+" replayed "+lsn, func(ctx context.Context) (bool, error) {
+			var done bool
+			err := f.queryRow(ctx, f.NodeURL(n), `SELECT coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, false)`, []any{lsn}, &done)
+			return done, err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// queryRow runs sql with args on a new connection to url and scans its row
+// into dest.
+func (f *Formation) queryRow(ctx context.Context, url, sql string, args []any, dest ...any) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	return conn.QueryRow(ctx, sql, args...).Scan(dest...)
 }
