@@ -62,9 +62,10 @@ func failoverAsync(t *testing.T, source foreign.KeySource) {
 		dbfaultAlive(t, app)
 	}
 	lost := failoverVerifyAsync(t, r, source, seen.killedAt)
-	t.Logf("%s: %d keys; %d acknowledged answers lost (%d records lost whole and made again, %d of them started after "+
-		"the pause; the others lost their completion and were resumed); %d keys charged twice (%d of them for a lost "+
-		"acknowledged record); %s", source, len(r.keys), lost.acked, lost.remade, lost.paused, lost.doubled, lost.doubledAcked, seen)
+	t.Logf("%s: %d keys; %d acknowledged answers lost: %d records lost whole and made again (%d of them started after "+
+		"the pause), %d lost their completion only and were resumed; %d keys charged twice (%d of them for a lost "+
+		"acknowledged record); %s", source, len(r.keys), lost.acked, lost.remade, lost.paused, lost.acked-lost.remade,
+		lost.doubled, lost.doubledAcked, seen)
 }
 
 // failoverLost counts what an asynchronous failover lost.
