@@ -24,9 +24,9 @@ const failoverLostMin = 5
 // answers to checkouts started after that: acknowledged commits that exist
 // on the primary alone. The monitor promotes the standby without them.
 //
-// What must hold in both modes: every acknowledged checkout started after
-// the pause is lost (a retry runs it again, not replayed); only records
-// acknowledged before the kill are lost; every key ends completed, with one
+// What must hold in both modes: every checkout started after the pause and
+// acknowledged before the kill is lost (a retry runs it again, not
+// replayed); only checkouts sent before the kill are lost; every key ends completed, with one
 // paid order, the answer's. With keys derived from the client's key, no
 // key is charged twice: the lost record's charge goes out with its old key
 // and the provider answers with the first charge. With keys derived from
@@ -61,7 +61,7 @@ func failoverAsync(t *testing.T, source foreign.KeySource) {
 	for _, app := range r.apps {
 		dbfaultAlive(t, app)
 	}
-	lost := failoverVerifyAsync(t, r, source, seen.killedAt)
+	lost := failoverVerifyAsync(t, r, source, seen)
 	t.Logf("%s: %d keys; %d acknowledged answers lost: %d records lost whole and made again (%d of them started after "+
 		"the pause), %d lost their completion only and were resumed; %d keys charged twice (%d of them for a lost "+
 		"acknowledged record); %s", source, len(r.keys), lost.acked, lost.remade, lost.paused, lost.acked-lost.remade,
@@ -81,9 +81,11 @@ type failoverLost struct {
 	doubled, doubledAcked int
 }
 
-// failoverVerifyAsync checks every key of r after an asynchronous failover
-// at killedAt, sending each once more, and counts what was lost.
-func failoverVerifyAsync(t *testing.T, r *failoverRun, source foreign.KeySource, killedAt time.Time) failoverLost {
+// failoverVerifyAsync checks every key of r after an asynchronous failover,
+// sending each once more, and counts what was lost. A key answered before
+// the kill began was committed on the old primary; one sent after the
+// node was gone cannot have been.
+func failoverVerifyAsync(t *testing.T, r *failoverRun, source foreign.KeySource, seen failoverSeen) failoverLost {
 	t.Helper()
 	again := make([]answer, len(r.keys))
 	for i, k := range r.keys {
@@ -100,10 +102,10 @@ func failoverVerifyAsync(t *testing.T, r *failoverRun, source foreign.KeySource,
 	for i, k := range r.keys {
 		acked, now := failoverPaid(t, k.first), failoverPaid(t, &again[i])
 		remade := again[i].replayed != "true"
-		ackedBeforeKill := k.ackAt.Before(killedAt)
+		ackedBeforeKill := k.ackAt.Before(seen.killing)
 		if remade || string(k.first.body) != string(again[i].body) {
 			lost.acked++
-			require.True(t, ackedBeforeKill, "key %s: only what was acknowledged before the kill can be lost", k.id)
+			require.True(t, k.startAt.Before(seen.killedAt), "key %s: only what was sent before the kill can be lost", k.id)
 		}
 		if remade {
 			lost.remade++

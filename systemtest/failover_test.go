@@ -113,6 +113,7 @@ type failoverRun struct {
 type failoverKey struct {
 	*dbfaultKey
 	afterPause bool      // started while the primary's WAL was held back
+	startAt    time.Time // when its client sent it first
 	ackAt      time.Time // when its client got its final answer
 }
 
@@ -151,7 +152,7 @@ func (r *failoverRun) work() {
 		case <-time.After(r.rnd.Duration(0, failoverGap)): // the next client's arrival, not a synchronisation
 		}
 		i := int(r.next.Add(1)) - 1
-		k := &failoverKey{dbfaultKey: dbfaultNewKey("failover", i), afterPause: r.paused.Load()}
+		k := &failoverKey{dbfaultKey: dbfaultNewKey("failover", i), afterPause: r.paused.Load(), startAt: time.Now()}
 		r.mu.Lock()
 		r.keys = append(r.keys, k)
 		r.mu.Unlock()
@@ -198,7 +199,8 @@ func (r *failoverRun) stop() {
 
 // failoverSeen is what one failover took.
 type failoverSeen struct {
-	killedAt  time.Time
+	killing   time.Time     // when the kill began
+	killedAt  time.Time     // when the node was gone
 	promotion time.Duration // from the kill to the standby taking writes
 	clients   time.Duration // from the first failed attempt to the first success after it
 	inFlight  int           // records in flight at the kill
@@ -250,6 +252,7 @@ func (r *failoverRun) failover(witness *killGate) failoverSeen {
 	require.NotEmpty(t, inFlight, "the held checkout's record is in flight")
 
 	r.watch.arm()
+	killing := time.Now()
 	killed, err := r.f.KillPrimary(r.ctx)
 	require.NoError(t, err)
 	killedAt := time.Now()
@@ -260,7 +263,7 @@ func (r *failoverRun) failover(witness *killGate) failoverSeen {
 		}
 	}
 	require.NoError(t, r.f.WaitPrimary(r.ctx, promoted, failoverBound))
-	s := failoverSeen{killedAt: killedAt, promotion: time.Since(killedAt), inFlight: len(inFlight)}
+	s := failoverSeen{killing: killing, killedAt: killedAt, promotion: time.Since(killedAt), inFlight: len(inFlight)}
 	promotedAt := time.Now()
 	witness.release()
 	db = dbfaultConnect(t, r.f.URL())
