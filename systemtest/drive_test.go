@@ -48,6 +48,10 @@ type driveConfig struct {
 	baseDelay  time.Duration // the backoff, as idemclient.Config
 	maxDelay   time.Duration
 	conns      int // connections kept for the clients
+
+	// observe gets the client's hooks too, after the driver's counters;
+	// zero for none.
+	observe idemclient.Hooks
 }
 
 func newDriver(t *testing.T, cfg driveConfig) *driver {
@@ -66,7 +70,12 @@ func newDriver(t *testing.T, cfg driveConfig) *driver {
 		// the client waits out Retry-After, as the suites' bounds assume.
 		Wait:   -1,
 		Budget: idemclient.BudgetConfig{Burst: math.Inf(1)}, // the suites never give up for the budget
-		Hooks:  idemclient.Hooks{Attempt: d.count},
+		Hooks: idemclient.Hooks{Attempt: func(a idemclient.AttemptInfo) {
+			d.count(a)
+			if cfg.observe.Attempt != nil {
+				cfg.observe.Attempt(a)
+			}
+		}, Wait: cfg.observe.Wait},
 	})
 	require.NoError(t, err)
 	d.client = client

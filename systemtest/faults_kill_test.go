@@ -623,14 +623,17 @@ func killAwaitAnswer(t *testing.T, ctx context.Context, results <-chan killResul
 }
 
 // killProxy stands between the checkout servers and the provider. The
-// first charge requests wait at a gate each until it is released; every
-// request's downstream key is recorded.
+// first charge requests wait at a gate each until it is released, and so
+// does the next one after holdNext; every request's downstream key is
+// recorded.
 type killProxy struct {
 	url      string
 	upstream string
 	gates    []*killGate
 	mu       sync.Mutex
 	keys     []string
+	next     *killGate // holds the next charge request, when not nil
+	armed    []*killGate
 }
 
 // killGate holds one charge request.
@@ -650,12 +653,24 @@ func killNewProxy(t *testing.T, upstream string, held int) *killProxy {
 	srv := httptest.NewServer(http.HandlerFunc(p.charge))
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { // before srv.Close, which waits for held requests
-		for _, g := range p.gates {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, g := range append(p.gates, p.armed...) {
 			g.release()
 		}
 	})
 	p.url = srv.URL
 	return p
+}
+
+// holdNext holds the next charge request at a new gate, and returns it.
+func (p *killProxy) holdNext() *killGate {
+	g := &killGate{arrived: make(chan struct{}), open: make(chan struct{})}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.next = g
+	p.armed = append(p.armed, g)
+	return g
 }
 
 func (p *killProxy) chargeKeys() []string {
@@ -675,10 +690,14 @@ func (p *killProxy) charge(w http.ResponseWriter, r *http.Request) {
 	}
 	p.mu.Lock()
 	p.keys = append(p.keys, strings.Trim(r.Header.Get(foreign.Header), `"`))
-	n := len(p.keys)
+	var g *killGate
+	if n := len(p.keys); n <= len(p.gates) {
+		g = p.gates[n-1]
+	} else {
+		g, p.next = p.next, nil
+	}
 	p.mu.Unlock()
-	if n <= len(p.gates) {
-		g := p.gates[n-1]
+	if g != nil {
 		close(g.arrived)
 		select {
 		case <-g.open:

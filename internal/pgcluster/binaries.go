@@ -24,7 +24,13 @@ var versionedRoot = "/usr/lib/postgresql"
 // FindBinaries returns the directory holding the initdb and postgres
 // executables. It looks on PATH, then at pg_config --bindir, then under
 // /usr/lib/postgresql/*/bin, newest version first.
-func FindBinaries() (string, error) {
+func FindBinaries() (string, error) { return FindBinariesWith(nil) }
+
+// FindBinariesWith is FindBinaries for the first directory that accept
+// also accepts (nil accepts every one): for a caller that needs a server
+// with more than initdb and postgres, such as an extension installed for
+// its version. It returns ErrNoServer when no directory qualifies.
+func FindBinariesWith(accept func(bin string) bool) (string, error) {
 	var candidates []string
 	if initdb, err := exec.LookPath("initdb"); err == nil {
 		candidates = append(candidates, filepath.Dir(initdb))
@@ -40,7 +46,8 @@ func FindBinaries() (string, error) {
 	candidates = append(candidates, versionDirs(versionedRoot)...)
 
 	for _, dir := range candidates {
-		if isExecutable(filepath.Join(dir, "initdb")) && isExecutable(filepath.Join(dir, "postgres")) {
+		if isExecutable(filepath.Join(dir, "initdb")) && isExecutable(filepath.Join(dir, "postgres")) &&
+			(accept == nil || accept(dir)) {
 			return dir, nil
 		}
 	}

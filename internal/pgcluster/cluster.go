@@ -99,7 +99,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	cred, err := serverCredential()
+	cred, err := ServerCredential()
 	if err != nil {
 		return nil, err
 	}
@@ -147,9 +147,10 @@ func newCluster(password string, launch launchParams, logger *slog.Logger) *Clus
 	}
 }
 
-// serverCredential returns the credential to run the server with: nil for a
-// normal user, the "postgres" user's when running as root.
-func serverCredential() (*syscall.Credential, error) {
+// ServerCredential returns the credential to run PostgreSQL's programs
+// with: nil for a normal user, the "postgres" user's when running as root,
+// because the server refuses to run as root.
+func ServerCredential() (*syscall.Credential, error) {
 	if os.Geteuid() != 0 {
 		return nil, nil
 	}
