@@ -108,6 +108,9 @@ func Start(ctx context.Context, opts Options) (*Formation, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := ensureSocketDirs(bin, cred); err != nil {
+		return nil, err
+	}
 	removeStale(logger)
 	dir, err := newFormationDir(cred)
 	if err != nil {
@@ -138,7 +141,8 @@ func hasExtension(bin string) bool {
 // files in the formation's directory instead of the postgres user's home,
 // and none of this process's PG* variables. The servers' Unix sockets are
 // in the server's default directory (Debian: /var/run/postgresql), which
-// pg_autoctl does not change: each has its own port.
+// pg_autoctl does not change (Start makes it when missing): each has its
+// own port.
 func autoctlEnv(dir string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
