@@ -393,7 +393,7 @@ var mutants = []Mutant{
 		Name:   "read-only-pool-kept",
 		Breaks: "a pool whose connections are on a read-only server (a standby after a failover) is not reset",
 		Edits: []Edit{{File: "recovery/unavailable.go",
-			Old: "\tr.Reset()\n", New: "\t_ = r\n"}},
+			Old: "\n\tr.Reset()\n", New: "\n\t_ = r\n"}},
 		Pkg: "./workflow", Run: "^TestReadOnlyServerResetsThePool$",
 	},
 	{
