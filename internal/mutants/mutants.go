@@ -390,6 +390,13 @@ var mutants = []Mutant{
 		Pkg: "./workflow", Run: "^TestDeriveKeysFromALostRecord$",
 	},
 	{
+		Name:   "failover-url-any-session",
+		Breaks: "the formation's multi-host URL accepts a standby (no target_session_attrs=read-write), so new connections can land on the old primary after it rejoined",
+		Edits: []Edit{{File: "internal/pgha/formation.go",
+			Old: "connect_timeout=5&target_session_attrs=read-write", New: "connect_timeout=5"}},
+		Pkg: "./internal/pgha", Run: "^TestFormationFailover$",
+	},
+	{
 		Name:   "read-only-pool-kept",
 		Breaks: "a pool whose connections are on a read-only server (a standby after a failover) is not reset",
 		Edits: []Edit{{File: "recovery/unavailable.go",

@@ -49,7 +49,11 @@ func TestFormationFailover(t *testing.T) {
 	var recovering bool
 	require.NoError(t, standby.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&recovering))
 	require.True(t, recovering, "the old primary is a standby now")
-	require.Eventually(t, func() bool { return len(rows(t, f.NodeURL(killed))) == 2 }, bound, 50*time.Millisecond,
+	// The URL lists the old primary first: a new connection must skip it,
+	// now a standby that refuses writes (target_session_attrs=read-write).
+	require.Equal(t, first, f.Nodes()[0], "the first primary is the URL's first host")
+	exec(t, f.URL(), `INSERT INTO kept VALUES ('after the rejoin')`)
+	require.Eventually(t, func() bool { return len(rows(t, f.NodeURL(killed))) == 3 }, bound, 50*time.Millisecond,
 		"the old primary replicates the new one's commits")
 
 	dir := f.Dir()
