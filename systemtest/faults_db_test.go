@@ -219,17 +219,35 @@ func TestPostgresRestart(t *testing.T) {
 	dbfaultPoll(t, time.Minute, 50*time.Millisecond, "the sweeper completes the records whose clients gave up", func() bool {
 		return dbfaultCount(t, db, `SELECT count(*) FROM onceflow_keys WHERE status <> 'completed'`) == 0
 	})
-	swept := dbfaultSwept(app.Stderr())
 	// The witness's record outlived the outage in flight, with no client:
 	// the sweeper finished it.
 	sweeperOnly = append(sweeperOnly, witness)
 	keys = append(keys, witness)
+	// Each was completed by the sweeper, as its log says, unless its first
+	// attempt's completion committed as the server went down and only the
+	// acknowledgement was lost: then no attempt was ever taken over
+	// (attempts 0) and the sweeper had nothing left. The sweeper logs after
+	// its commit, so the log is read until it says so or a bound passes.
+	ownCommit := map[string]bool{}
 	for _, k := range sweeperOnly {
-		// Unless its first attempt's completion committed as the server
-		// went down and only the acknowledgement was lost: then no attempt
-		// was ever taken over (attempts 0) and the sweeper had nothing left.
-		ownCommit := dbfaultCount(t, db, `SELECT count(*) FROM onceflow_keys WHERE key = $1 AND attempts = 0`, k.id) == 1
-		require.True(t, swept[k.id] || ownCommit, "key %s: completed by the sweeper, as its log says", k.id)
+		ownCommit[k.id] = dbfaultCount(t, db, `SELECT count(*) FROM onceflow_keys WHERE key = $1 AND attempts = 0`, k.id) == 1
+	}
+	var swept map[string]bool
+	unlogged := func() []string {
+		swept = dbfaultSwept(app.Stderr())
+		var missing []string
+		for _, k := range sweeperOnly {
+			if !swept[k.id] && !ownCommit[k.id] {
+				missing = append(missing, k.id)
+			}
+		}
+		return missing
+	}
+	dbfaultPoll(t, time.Minute, 50*time.Millisecond, "the sweeper logs each record it completed", func() bool {
+		return len(unlogged()) == 0
+	})
+	for _, k := range sweeperOnly {
+		require.True(t, swept[k.id] || ownCommit[k.id], "key %s: completed by the sweeper, as its log says", k.id)
 		late, err := dbfaultPost(ctx, app.URL, k)
 		require.NoError(t, err)
 		require.Equal(t, http.StatusCreated, late.status, "%s", late.body)
