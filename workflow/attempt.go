@@ -50,8 +50,8 @@ type attempt[Req, State any] struct {
 	fromRecord bool
 	hops       int // how often the record was handed to another version
 
-	conn      *pgxpool.Conn // the connection the open transaction is on
-	tx        *phaseTx      // the open transaction, if any
+	conn      *workConn // the connection the open transaction is on
+	tx        *phaseTx  // the open transaction, if any
 	rec       *recovery.Record
 	outcome   recovery.Outcome
 	claimSent time.Time              // when the claim was sent, once it had a connection
@@ -396,11 +396,13 @@ func (a *attempt[Req, State]) claimWith(ctx context.Context, folded bool) (*reco
 // was sent, once it had a connection: the lease runs from then.
 func (a *attempt[Req, State]) claimWithin(ctx context.Context, folded bool) (rec *recovery.Record, outcome recovery.Outcome, err error) {
 	if !folded {
-		a.claimSent, err = lease.Send(ctx, a.e.db, func(conn *pgxpool.Conn) error {
-			rec, outcome, err = a.claim(ctx, seam.StoreOf(a.e.store).WithConn(conn))
-			return err
-		})
-		return rec, outcome, err
+		conn, err := a.e.acquire(ctx)
+		if err != nil {
+			return nil, 0, fmt.Errorf("acquire a connection: %w", err)
+		}
+		defer conn.Release()
+		a.claimSent = time.Now()
+		return a.claim(ctx, seam.StoreOf(a.e.store).WithConn(conn))
 	}
 	a.claimOpen = true
 	if a.pipelined == nil {
@@ -410,17 +412,17 @@ func (a *attempt[Req, State]) claimWithin(ctx context.Context, folded bool) (rec
 		a.claimSent = time.Now()
 		return a.claim(ctx, a.store())
 	}
-	conn, err := a.e.db.Acquire(ctx)
+	conn, err := a.e.acquire(ctx)
 	if err != nil {
 		return nil, 0, fmt.Errorf("acquire a connection: %w", err)
 	}
 	a.conn = conn
 	a.claimSent = time.Now()
-	rec, outcome, err = a.pipelined(ctx, conn)
+	rec, outcome, err = a.pipelined(ctx, conn.Conn)
 	if err != nil || outcome == recovery.OutcomeReplay {
 		return rec, outcome, err
 	}
-	a.tx = &phaseTx{conn: conn.Conn()}
+	a.tx = &phaseTx{conn: conn.Conn.Conn()}
 	return rec, outcome, nil
 }
 
@@ -439,7 +441,7 @@ func (a *attempt[Req, State]) runStep(ctx context.Context, step phase.Step[Req, 
 // is the last step.
 func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, State]) (*Result, error) {
 	if a.tx == nil {
-		if err := a.begin(ctx); err != nil {
+		if err := a.beginHeld(ctx, step.Name()); err != nil {
 			return a.failed(ctx, step.Name(), err)
 		}
 	}
@@ -522,7 +524,7 @@ func (a *attempt[Req, State]) runAtomic(ctx context.Context, step phase.Step[Req
 			return fmt.Errorf("restore state: %w", err)
 		}
 		a.run.State = fresh
-		if err := a.begin(ctx); err != nil {
+		if err := a.beginHeld(ctx, step.Name()); err != nil {
 			return err
 		}
 	}
@@ -842,13 +844,27 @@ func (a *attempt[Req, State]) failTerminally(ctx context.Context, fence recovery
 
 // begin takes a connection and opens a transaction on it.
 func (a *attempt[Req, State]) begin(ctx context.Context) error {
-	conn, err := a.e.db.Acquire(ctx)
+	conn, err := a.e.acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("acquire a connection: %w", err)
 	}
 	// The BEGIN goes with the phase's first statement.
-	a.conn, a.tx = conn, &phaseTx{conn: conn.Conn(), begin: beginSQL}
+	a.conn, a.tx = conn, &phaseTx{conn: conn.Conn.Conn(), begin: beginSQL}
 	return nil
+}
+
+// beginHeld opens a transaction for step as begin does, keeping the lease
+// while it waits for a connection: on a busy pool that wait can outlast
+// the lease, and a lease that ran out there would be found lost only once
+// the phase started, after another attempt may have taken the key.
+func (a *attempt[Req, State]) beginHeld(ctx context.Context, step string) error {
+	waitCtx, stop := a.heartbeat(ctx, step, true)
+	err := a.begin(waitCtx)
+	if lost := stop(); lost != nil {
+		a.rollback()
+		return lost
+	}
+	return err
 }
 
 // commitWith commits the open transaction with commit, which sends the
@@ -938,7 +954,7 @@ func (a *attempt[Req, State]) rollback() {
 
 // endReadOnly rolls back a transaction that wrote nothing and hands its
 // connection back.
-func endReadOnly(conn *pgxpool.Conn) {
+func endReadOnly(conn *workConn) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	_, _ = conn.Exec(ctx, "rollback")

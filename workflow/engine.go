@@ -33,6 +33,13 @@ const DBTimeoutDefault = 5 * time.Second
 // An atomic phase runs on one connection the engine holds, so that it can
 // send the claim with its BEGIN, and the recovery point with its COMMIT, in
 // one round trip each.
+//
+// Given a *pgxpool.Pool of MaxConns connections (two or more), the engine's
+// attempts hold at most MaxConns-1 of them at once; the last is left for
+// the statements that keep leases alive (renewals, hand-backs), so that a
+// burst of requests queueing for connections cannot starve an attempt's
+// renewals and cost it its lease. Size the pool for the concurrent
+// attempts you want plus one.
 type DB interface {
 	recovery.DBTX
 	Acquire(ctx context.Context) (*pgxpool.Conn, error)
@@ -169,6 +176,7 @@ func (cfg Config) validate() error {
 // use; several engines, in one process or many, may share a database.
 type Engine struct {
 	db          DB
+	gate        workGate // keeps a connection of db's for renewals (conn.go)
 	store       *recovery.Store
 	lease       time.Duration
 	dbTimeout   time.Duration
@@ -242,6 +250,7 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		db:          db,
+		gate:        newWorkGate(db),
 		store:       store,
 		lease:       store.Lease(),
 		dbTimeout:   cfg.DBTimeout,

@@ -1,0 +1,24 @@
+package workflow
+
+import "context"
+
+// HoldWorkPlaces takes every connection e lets its attempts hold at once
+// (workGate), as attempts in their phases would, and returns how many it
+// took and a function that gives them back.
+func HoldWorkPlaces(ctx context.Context, e *Engine) (int, func(), error) {
+	var held []*workConn
+	release := func() {
+		for _, c := range held {
+			c.Release()
+		}
+	}
+	for range cap(e.gate) {
+		c, err := e.acquire(ctx)
+		if err != nil {
+			release()
+			return 0, nil, err
+		}
+		held = append(held, c)
+	}
+	return len(held), release, nil
+}
