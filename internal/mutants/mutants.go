@@ -46,6 +46,20 @@ var mutants = []Mutant{
 		Pkg: "./recovery", Run: "^TestFreshClaimWaitsOutALockNoDuplicateHolds$",
 	},
 	{
+		Name:   "phase-wait-unrenewed",
+		Breaks: "no heartbeat runs while an atomic phase waits for its connection, so on a busy pool the lease runs out before the phase starts",
+		Edits: []Edit{{File: "workflow/attempt.go",
+			Old: "waitCtx, stop := a.heartbeat(ctx, step, true)", New: "waitCtx, stop := a.heartbeat(ctx, step, false)"}},
+		Pkg: "./workflow", Run: "^TestLeaseKeptWhileWaitingForAConnection$",
+	},
+	{
+		Name:   "no-connection-for-renewals",
+		Breaks: "attempts may take every connection of the pool, so renewals queue behind them",
+		Edits: []Edit{{File: "workflow/conn.go",
+			Old: "return make(workGate, n-1)", New: "return make(workGate, n)"}},
+		Pkg: "./workflow", Run: "^(TestAttemptsLeaveAConnectionForRenewals|TestLeaseKeptWhileWaitingForAConnection)$",
+	},
+	{
 		Name:   "replay-not-verbatim",
 		Breaks: "the stored response body loses its trailing newlines",
 		Edits: []Edit{{File: "recovery/sql.go",
