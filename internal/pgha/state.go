@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/internal/child"
 )
@@ -229,7 +230,7 @@ func (f *Formation) setQuorum(ctx context.Context, quorum bool, timeout time.Dur
 	}
 	defer conn.Close(ctx)
 	for _, n := range f.nodes {
-		if _, err := conn.Exec(ctx, `SELECT pgautofailover.set_node_replication_quorum('default', $1, $2)`, n.Name, quorum); err != nil {
+		if err := setNodeQuorum(ctx, conn, n.Name, quorum); err != nil {
 			return fmt.Errorf("pgha: replication quorum of %s: %w", n.Name, err)
 		}
 	}
@@ -243,6 +244,30 @@ func (f *Formation) setQuorum(ctx context.Context, quorum bool, timeout time.Dur
 		err = f.queryRow(ctx, f.NodeURL(p), `SELECT current_setting('synchronous_standby_names')`, nil, &names)
 		return err == nil && (names != "") == quorum, err
 	})
+}
+
+// quorumTries bounds how often setNodeQuorum asks the monitor again
+// after a deadlock.
+const quorumTries = 5
+
+// setNodeQuorum asks the monitor to put node name in the write quorum or
+// out of it. The monitor's function takes the formation's locks that the
+// keepers' own reports take too, in its own order: PostgreSQL may end it
+// as a deadlock (40P01) when a keeper reports at that moment, so it is
+// asked again, a bounded number of times.
+func setNodeQuorum(ctx context.Context, conn *pgx.Conn, name string, quorum bool) error {
+	for try := 1; ; try++ {
+		_, err := conn.Exec(ctx, `SELECT pgautofailover.set_node_replication_quorum('default', $1, $2)`, name, quorum)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "40P01" || try == quorumTries {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(pollInterval):
+		}
+	}
 }
 
 // PauseReplication stops the primary's WAL senders (SIGSTOP) until resume
