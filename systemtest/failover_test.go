@@ -253,7 +253,7 @@ func (r *failoverRun) failover(witness *killGate) failoverSeen {
 
 	r.watch.arm()
 	killing := time.Now()
-	killed, err := r.f.KillPrimary(r.ctx)
+	killed, err := r.f.KillPrimary(r.ctx, failoverBound)
 	require.NoError(t, err)
 	killedAt := time.Now()
 	var promoted *pgha.Node

@@ -195,17 +195,21 @@ func (f *Formation) build(ctx context.Context, timeout time.Duration) error {
 	return f.WaitSecondary(ctx, standby, timeout)
 }
 
-// monitorSettings make the monitor decide within about a second that a
-// node is gone and promote the other: a health check every half second,
-// a node unhealthy after a second without one, and a primary that cannot
-// be reached given a second to demote itself. startup_grace_period lets
-// the health checks count soon after the monitor starts.
+// monitorSettings make the monitor decide within a few seconds that a
+// node is gone and promote the other: a health check every half second
+// (a killed node refuses it at once), a node unhealthy after three seconds
+// without a report from its keeper and two failed checks in a row, and a
+// primary that cannot be reached given a second to demote itself.
+// Tighter bounds (a second) made a loaded machine's slow keeper look dead:
+// the monitor failed over on its own, before the test's kill.
+// startup_grace_period lets the health checks count soon after the
+// monitor starts.
 var monitorSettings = map[string]string{
 	"pgautofailover.health_check_period":               "500",
-	"pgautofailover.health_check_timeout":              "500",
-	"pgautofailover.health_check_max_retries":          "1",
+	"pgautofailover.health_check_timeout":              "2000",
+	"pgautofailover.health_check_max_retries":          "2",
 	"pgautofailover.health_check_retry_delay":          "200",
-	"pgautofailover.node_considered_unhealthy_timeout": "1000",
+	"pgautofailover.node_considered_unhealthy_timeout": "3000",
 	"pgautofailover.primary_demote_timeout":            "1000",
 	"pgautofailover.startup_grace_period":              "1000",
 }

@@ -69,9 +69,17 @@ func (f *Formation) Kill(n *Node) error {
 }
 
 // KillPrimary kills the node the monitor has as the primary, and returns
-// it.
-func (f *Formation) KillPrimary(ctx context.Context) (*Node, error) {
-	p, err := f.Primary(ctx)
+// it. While the monitor moves the primary through a change of settings
+// (a node leaving the write quorum passes through apply_settings), no
+// node is settled as the primary: KillPrimary waits for one, for at most
+// timeout.
+func (f *Formation) KillPrimary(ctx context.Context, timeout time.Duration) (*Node, error) {
+	var p *Node
+	err := f.waitFor(ctx, timeout, "a node is the primary", func(ctx context.Context) (bool, error) {
+		var err error
+		p, err = f.Primary(ctx)
+		return err == nil, err
+	})
 	if err != nil {
 		return nil, err
 	}

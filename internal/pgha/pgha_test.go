@@ -31,7 +31,7 @@ func TestFormationFailover(t *testing.T) {
 	other := otherNode(f, first)
 	exec(t, f.URL(), `CREATE TABLE kept (v text)`, `INSERT INTO kept VALUES ('before')`)
 
-	killed, err := f.KillPrimary(ctx)
+	killed, err := f.KillPrimary(ctx, bound)
 	require.NoError(t, err)
 	require.Equal(t, first, killed)
 	_, err = pgx.Connect(ctx, f.NodeURL(killed))
@@ -85,7 +85,7 @@ func TestFormationAsyncLosesPausedCommits(t *testing.T) {
 	defer resume()
 	exec(t, f.URL(), `INSERT INTO kept VALUES ('primary only')`) // asynchronous: acknowledged at once
 	require.Equal(t, []string{"primary only", "replicated"}, rows(t, f.URL()))
-	_, err = f.KillPrimary(ctx)
+	_, err = f.KillPrimary(ctx, bound)
 	require.NoError(t, err)
 
 	require.NoError(t, f.WaitPrimary(ctx, other, bound))
