@@ -526,6 +526,9 @@ func FuzzWorkflowHandler(f *testing.F) {
 		strings.Repeat(`{"a":`, 3000) + "1" + strings.Repeat("}", 3000),
 		strings.Repeat("[", 20000),
 		`{"cents":1,"customer":"` + strings.Repeat("x", idemhttp.MaxBodyDefault) + `"}`,
+		// Exactly MaxBodyDefault bytes: taken, though a respelling of it
+		// is larger and refused.
+		`{"cents":1,"customer":"` + strings.Repeat("x", idemhttp.MaxBodyDefault-25) + `"}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -607,10 +610,12 @@ func (rig *workflowRig) check(t *testing.T, body []byte) {
 		return
 	}
 	require.Equal(t, "true", again.header.Get(idemhttp.ReplayedHeader), fuzzBody(body))
-	if variant, ok := doc.Respell(); ok {
+	if variant, ok := doc.Respell(); ok && len(variant) <= idemhttp.MaxBodyDefault {
+		// A respelling longer than the limit would be refused for its
+		// size, which says nothing of the fingerprint.
 		other := rig.send(t, variant)
-		require.Equal(t, http.StatusCreated, other.status, "%v respelled as %q: %s", fuzzBody(body), variant, other.body)
-		require.Equal(t, string(first.body), string(other.body), "%v respelled as %q", fuzzBody(body), variant)
+		require.Equal(t, http.StatusCreated, other.status, "%v respelled as %v: %.200s", fuzzBody(body), fuzzBody(variant), other.body)
+		require.Equal(t, string(first.body), string(other.body), "%v respelled as %v", fuzzBody(body), fuzzBody(variant))
 		require.Equal(t, "true", other.header.Get(idemhttp.ReplayedHeader), fuzzBody(body))
 	}
 	require.Equal(t, int32(1), rig.runs.Load(), fuzzBody(body))
