@@ -154,6 +154,8 @@ type storm struct {
 	// duplicates are the requests zombies' hooks sent.
 	duplicates sync.WaitGroup
 
+	// historyMu guards history: zombies' hooks record their duplicates'
+	// answers from server goroutines, while the test reads it.
 	historyMu sync.Mutex
 	history   map[string][]stormAnswer // key -> answers
 
@@ -310,6 +312,16 @@ func (s *storm) record(key string, a stormAnswer) {
 	s.historyMu.Lock()
 	defer s.historyMu.Unlock()
 	s.history[key] = append(s.history[key], a)
+}
+
+// answers returns a copy of key's history. Read it only through here while
+// a zombie's duplicate may still be running: a key's certain zombie can
+// come in the final retries, and its duplicate records its answer from a
+// server goroutine while the test goes on to the next retry.
+func (s *storm) answers(key string) []stormAnswer {
+	s.historyMu.Lock()
+	defer s.historyMu.Unlock()
+	return slices.Clone(s.history[key])
 }
 
 // stormWriter drops the connection instead of answering when the
@@ -547,7 +559,7 @@ func TestDuplicateStorm(t *testing.T) {
 	for k := range keys {
 		key := keyOf(k)
 		for try := 0; ; try++ {
-			require.Less(t, try, 5, "key %s did not complete; history:\n%s", key, stormLines(s.history[key]))
+			require.Less(t, try, 5, "key %s did not complete; history:\n%s", key, stormLines(s.answers(key)))
 			a := s.send(newStormRequest(int(s.nextSeq.Add(1))-1, key, stormPlan{}))
 			s.record(key, a)
 			if a.status == http.StatusCreated {
