@@ -113,7 +113,7 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Record, Outcome, err
 	if err != nil {
 		return nil, 0, err
 	}
-	return s.claimFrom(ctx, p, args, nil)
+	return s.claimFrom(ctx, p, args, nil, false)
 }
 
 // claimArgs checks p and returns the claim statement's arguments.
@@ -189,17 +189,29 @@ func checkRequest(request []byte) ([]byte, error) {
 // that claim's row committed on the re-run and answers from its lease, and
 // one that waited out the claim's lock_timeout on a busy server tries once
 // more.
-func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pgx.Row) (*Record, Outcome, error) {
+//
+// When deferred, the statement is claimDeferredSQL, and a new record it
+// returns is left for the transaction's first fenced write to insert.
+func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pgx.Row, deferred bool) (*Record, Outcome, error) {
 	lockRetry := !s.inTx
+	sql := s.sql.claim
+	if deferred {
+		sql = s.sql.claimDeferred
+	}
 	for range claimRetries {
 		if row == nil {
-			row = s.db.QueryRow(ctx, s.sql.claim, args...)
+			row = s.db.QueryRow(ctx, sql, args...)
 		}
 		var (
 			outcome int
 			dbNow   time.Time
+			history []byte
 		)
-		rec, err := scanRecord(row, &outcome, &dbNow)
+		extra := []any{&outcome, &dbNow}
+		if deferred {
+			extra = append(extra, &history)
+		}
+		rec, err := scanRecord(row, extra...)
 		row = nil
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // the row read was deleted before the write
@@ -213,6 +225,9 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pg
 		}
 		switch {
 		case outcome == claimedNew:
+			if deferred {
+				rec.unwritten = newUnwritten(args, rec, history)
+			}
 			return rec, OutcomeNew, nil
 		case outcome == claimedTakeover:
 			return rec, OutcomeTakeover, nil

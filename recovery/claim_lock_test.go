@@ -100,3 +100,27 @@ WHERE locktype = 'advisory' AND classid = $1::bigint::oid AND objid = $2::bigint
 		int64(n>>32), int64(uint32(n))).Scan(&held))
 	require.Equal(t, 1, held, "the lock on the key's SHA-256-derived number is held")
 }
+
+// TestDuplicateOfAClaimInATransactionDoesNotWait: a claim made on its own
+// (Store.Claim, which inserts at once) inside a transaction of the
+// caller's keeps its uncommitted row until that transaction ends. A
+// duplicate is told "in flight" at once by the key lock, waiting on no
+// lock, instead of waiting on that row for the rest of the transaction.
+func TestDuplicateOfAClaimInATransactionDoesNotWait(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "held"}
+	p := params(t, key, `{"amount":100}`)
+	tx, err := b.db.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	_, outcome, err := b.store.WithTx(tx).Claim(b.ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, recovery.OutcomeNew, outcome)
+
+	waits := dbtest.LockWaits(t, b.db, func() { _, _, err = b.store.Claim(b.ctx, p) })
+	var inFlight *recovery.InFlightError
+	require.ErrorAs(t, err, &inFlight)
+	require.True(t, inFlight.Contended)
+	require.Zero(t, waits, "the duplicate waited on a lock")
+	require.NoError(t, tx.Commit(b.ctx))
+}

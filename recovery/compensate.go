@@ -27,7 +27,7 @@ func (s *Store) compensate(ctx context.Context, f Fence, undo []string, resp Res
 			return err
 		}
 	}
-	args, err := s.finishArgs(f, StatusInFlight, "", resp, nil, nil, nil)
+	failure, err := s.finishing(StatusInFlight, "", resp, nil, nil, nil)
 	if err != nil {
 		return fmt.Errorf("compensate key: %w", err)
 	}
@@ -35,9 +35,8 @@ func (s *Store) compensate(ctx context.Context, f Fence, undo []string, resp Res
 	if state != nil {
 		stateArg = json.RawMessage(state)
 	}
-	// finishArgs' response status, body and header.
-	tag, err := s.db.Exec(ctx, s.sql.compensate, f.Key.Tenant, f.Key.ID, f.Owner, undo, args[4], args[5], args[6],
-		stateArg, cleanError(cause), s.lease)
+	tag, err := s.db.Exec(ctx, s.sql.compensate, f.Key.Tenant, f.Key.ID, f.Owner, undo,
+		*failure.respStatus, failure.body, failure.header, stateArg, cleanError(cause), s.lease)
 	return s.fenced("compensate", f, tag, err)
 }
 

@@ -26,6 +26,12 @@ const leaseLostCode = "OF001"
 // round trip on conn, so the claim opens the caller's transaction. Whatever
 // it returns, the transaction is open on conn: the caller commits it or
 // rolls it back. Use it on a connection taken from a pool, not in a pgx.Tx.
+//
+// A new record is not inserted yet (migration 0019): the transaction's
+// first fenced write (advanceAndCommit, completeAndCommit, Advance,
+// Complete, Fail) inserts it with its outcome, and a transaction that
+// commits without one leaves no record, as one that rolls back. Until
+// then, the key lock the claim took keeps every other claim of the key out.
 func (s *Store) beginAndClaim(ctx context.Context, conn batchConn, begin string, p ClaimParams) (*Record, Outcome, error) {
 	args, err := s.claimArgs(p)
 	if err != nil {
@@ -33,7 +39,7 @@ func (s *Store) beginAndClaim(ctx context.Context, conn batchConn, begin string,
 	}
 	b := &pgx.Batch{}
 	b.Queue(begin)
-	b.Queue(s.sql.claim, args...)
+	b.Queue(s.sql.claimDeferred, args...)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
@@ -46,7 +52,7 @@ func (s *Store) beginAndClaim(ctx context.Context, conn batchConn, begin string,
 	}
 	inTx := s.withConn(conn)
 	inTx.inTx = true // the claim runs in the transaction begin opened
-	rec, outcome, err := inTx.claimFrom(ctx, p, args, collectedRow{rows: rows, close: br.Close})
+	rec, outcome, err := inTx.claimFrom(ctx, p, args, collectedRow{rows: rows, close: br.Close}, true)
 	if closeErr := br.Close(); err == nil && closeErr != nil {
 		return nil, 0, fmt.Errorf("claim key: %w", closeErr)
 	}
@@ -95,6 +101,9 @@ func (s *Store) advanceAndCommit(ctx context.Context, conn batchConn, f Fence, r
 	if err := checkName("recovery point", recoveryPoint); err != nil {
 		return err
 	}
+	if f.pending() {
+		return s.insertAndCommit(ctx, conn, "advance", f, advancing(recoveryPoint, state))
+	}
 	return s.andCommit(ctx, conn, "advance", f, s.sql.advanceOrFail,
 		f.Key.Tenant, f.Key.ID, f.Owner, recoveryPoint, state, s.lease)
 }
@@ -111,14 +120,41 @@ func (s *Store) completeAndCommit(ctx context.Context, conn batchConn, f Fence, 
 		}
 		point = &recoveryPoint
 	}
-	args, err := s.finishArgs(f, StatusCompleted, TransitionCompleted, resp, nil, point, state)
+	in, err := s.finishing(StatusCompleted, TransitionCompleted, resp, nil, point, state)
 	if err != nil {
 		return err
 	}
-	return s.andCommit(ctx, conn, "complete", f, s.sql.finishOrFail, args...)
+	if f.pending() {
+		return s.insertAndCommit(ctx, conn, "complete", f, in)
+	}
+	return s.andCommit(ctx, conn, "complete", f, s.sql.finishOrFail, in.finishArgs(f)...)
 }
 
 func (s *Store) andCommit(ctx context.Context, conn batchConn, op string, f Fence, sql string, args ...any) error {
+	err := sendAndCommit(ctx, conn, sql, args)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == leaseLostCode:
+		return lostLease(op, f)
+	case err != nil:
+		return s.dbError(op+" key and commit", err)
+	}
+	return nil
+}
+
+// insertAndCommit inserts f's unwritten record with the outcome in and
+// commits the transaction open on conn, in one round trip. On an error
+// the transaction is still open and aborted: roll it back.
+func (s *Store) insertAndCommit(ctx context.Context, conn batchConn, op string, f Fence, in insertion) error {
+	if err := sendAndCommit(ctx, conn, s.sql.insert, s.insertArgs(f, in)); err != nil {
+		return s.insertError(op+" and commit", f, err)
+	}
+	f.unwritten.inserted.Store(true)
+	return nil
+}
+
+// sendAndCommit sends sql and a COMMIT in one batch.
+func sendAndCommit(ctx context.Context, conn batchConn, sql string, args []any) error {
 	b := &pgx.Batch{}
 	b.Queue(sql, args...)
 	b.Queue("commit")
@@ -130,14 +166,7 @@ func (s *Store) andCommit(ctx context.Context, conn batchConn, op string, f Fenc
 	if closeErr := br.Close(); err == nil {
 		err = closeErr
 	}
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == leaseLostCode:
-		return lostLease(op, f)
-	case err != nil:
-		return s.dbError(op+" key and commit", err)
-	}
-	return nil
+	return err
 }
 
 // orFail turns a fenced UPDATE into a statement that raises OF001 when it

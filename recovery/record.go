@@ -103,11 +103,15 @@ type Record struct {
 	// HistoryTruncated counts the older transitions dropped from History
 	// to keep it at MaxHistory.
 	HistoryTruncated int
+
+	// unwritten is set on a new record a claim that opened a transaction
+	// returned without inserting it (see unwritten).
+	unwritten *unwritten
 }
 
 // Fence returns the record's key and owner token, which every write after
 // the claim must present.
-func (r *Record) Fence() Fence { return Fence{Key: r.Key, Owner: r.Owner} }
+func (r *Record) Fence() Fence { return Fence{Key: r.Key, Owner: r.Owner, unwritten: r.unwritten} }
 
 // Finished reports whether the record is completed, failed terminally or
 // compensated: its response is stored. A parked record is not finished.
@@ -124,6 +128,9 @@ func (r *Record) Compensating() bool { return r.Status == StatusInFlight && len(
 type Fence struct {
 	Key   Key
 	Owner uuid.UUID
+	// unwritten is the record's insert, when its claim left it to the
+	// first write of its transaction.
+	unwritten *unwritten
 }
 
 // Response is what a finished request answered, stored verbatim and replayed

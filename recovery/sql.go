@@ -37,9 +37,26 @@ const (
 // says this build knows compensation: it may take over a record whose undo
 // list a build from before migration 0012 must leave alone.
 var claimSQL = `
-SELECT ` + claimColumns + `, CASE WHEN id = $3 THEN 1 WHEN owner = $7 THEN 2
-    WHEN coalesce(principal_hash, sha256(convert_to(tenant_id, 'UTF8'))) <> $10 THEN 4 ELSE 3 END, clock_timestamp()
-FROM {schema}.onceflow_claim($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid, $8::bigint, $9::text, $10::bytea, $11::text, true, $12::text) c`
+SELECT ` + claimColumns + `, ` + claimOutcome + `
+FROM {schema}.onceflow_claim` + claimCall
+
+// claimOutcome is the claim statements' outcome column, and the database
+// clock.
+const claimOutcome = `CASE WHEN id = $3 THEN 1 WHEN owner = $7 THEN 2
+    WHEN coalesce(principal_hash, sha256(convert_to(tenant_id, 'UTF8'))) <> $10 THEN 4 ELSE 3 END, clock_timestamp()`
+
+// claimCall is the claim functions' arguments.
+const claimCall = `($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json, $7::uuid, $8::bigint, $9::text, $10::bytea, $11::text, true, $12::text) c`
+
+// claimDeferredSQL is claimSQL for a claim that opens a workflow's first
+// transaction: for an absent key the function onceflow_claim_deferred
+// (migration 0019) returns the record without inserting it, and the
+// transaction's first fenced write inserts it (see unwritten). Its last
+// column is that record's history, with the claim's entry; NULL for any
+// other row.
+var claimDeferredSQL = `
+SELECT ` + claimColumns + `, ` + claimOutcome + `, CASE WHEN id = $3 THEN history END
+FROM {schema}.onceflow_claim_deferred` + claimCall
 
 // takeoverSQL takes over an expired lease whatever the fingerprint, for work
 // resumed from its stored request. The rule and what a takeover writes are
@@ -230,11 +247,11 @@ WHERE tenant_id = $1 AND key = $2 AND status = 'in_flight'`
 
 // queries holds the statements with the schema filled in.
 type queries struct {
-	claim, takeover, load, list, listNewest, advance, finish, release, handBack, renew, deleteUnstarted, expire string
-	advanceOrFail, finishOrFail                                                                                 string
-	releaseLeaseOver, finishLeaseOver, handBackFor                                                              string
-	park, restamp, unpark, saveDefinition, definitions                                                          string
-	compensate, undone                                                                                          string
+	claim, claimDeferred, insert, takeover, load, list, listNewest, advance, finish, release, handBack, renew, deleteUnstarted, expire string
+	advanceOrFail, finishOrFail                                                                                                        string
+	releaseLeaseOver, finishLeaseOver, handBackFor                                                                                     string
+	park, restamp, unpark, saveDefinition, definitions                                                                                 string
+	compensate, undone                                                                                                                 string
 }
 
 func newQueries(schema string) *queries {
@@ -243,6 +260,8 @@ func newQueries(schema string) *queries {
 	}
 	return &queries{
 		claim:           expand(claimSQL),
+		claimDeferred:   expand(claimDeferredSQL),
+		insert:          expand(insertSQL),
 		takeover:        expand(takeoverSQL),
 		expire:          expand(expireSQL),
 		load:            expand(loadSQL),

@@ -37,6 +37,9 @@ func (s *Store) Advance(ctx context.Context, f Fence, recoveryPoint string, stat
 	if err := checkName("recovery point", recoveryPoint); err != nil {
 		return err
 	}
+	if f.pending() {
+		return s.insert(ctx, "advance", f, advancing(recoveryPoint, state))
+	}
 	tag, err := s.db.Exec(ctx, s.sql.advance, f.Key.Tenant, f.Key.ID, f.Owner, recoveryPoint, state, s.lease)
 	return s.fenced("advance", f, tag, err)
 }
@@ -92,26 +95,37 @@ func (s *Store) finish(ctx context.Context, op string, f Fence, status Status, r
 // the transition its history records.
 func (s *Store) finishWith(ctx context.Context, sql, op string, kind TransitionKind, f Fence, status Status, resp Response,
 	cause, recoveryPoint *string, state []byte) error {
-	args, err := s.finishArgs(f, status, kind, resp, cause, recoveryPoint, state)
+	in, err := s.finishing(status, kind, resp, cause, recoveryPoint, state)
 	if err != nil {
 		return fmt.Errorf("%s key: %w", op, err)
 	}
-	tag, err := s.db.Exec(ctx, sql, args...)
+	if f.pending() {
+		return s.insert(ctx, op, f, in)
+	}
+	tag, err := s.db.Exec(ctx, sql, in.finishArgs(f)...)
 	return s.fenced(op, f, tag, err)
 }
 
-// finishArgs returns the arguments of finishSQL.
-func (s *Store) finishArgs(f Fence, status Status, kind TransitionKind, resp Response, cause, recoveryPoint *string, state []byte) ([]any, error) {
+// finishing returns the outcome a record finishes with: its status, the
+// transition its history records, the response as stored, the last error,
+// and the recovery point and state (nil keeps the old value of each).
+func (s *Store) finishing(status Status, kind TransitionKind, resp Response, cause, recoveryPoint *string, state []byte) (insertion, error) {
 	if resp.Status < 100 || resp.Status > 999 {
-		return nil, &InputError{Field: "response status", Problem: fmt.Sprintf("is %d, not a three-digit HTTP status", resp.Status)}
+		return insertion{}, &InputError{Field: "response status", Problem: fmt.Sprintf("is %d, not a three-digit HTTP status", resp.Status)}
 	}
 	stored := s.stored(resp)
 	header, err := json.Marshal(stored.Header)
 	if err != nil {
-		return nil, fmt.Errorf("encode header: %w", err)
+		return insertion{}, fmt.Errorf("encode header: %w", err)
 	}
-	return []any{f.Key.Tenant, f.Key.ID, f.Owner, string(status), stored.Status, stored.Body, header, cause,
-		recoveryPoint, state, string(kind)}, nil
+	return insertion{status: status, kind: kind, recoveryPoint: recoveryPoint, state: state,
+		respStatus: &stored.Status, body: stored.Body, header: header, cause: cause}, nil
+}
+
+// finishArgs returns finishSQL's arguments for f's record finishing with in.
+func (in insertion) finishArgs(f Fence) []any {
+	return []any{f.Key.Tenant, f.Key.ID, f.Owner, string(in.status), *in.respStatus, in.body, in.header, in.cause,
+		in.recoveryPoint, in.state, string(in.kind)}
 }
 
 // Release hands the lease back after an attempt failed in a way a retry may

@@ -5,14 +5,15 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
 
-// keyUpdates returns how many updates of onceflow_keys the server has
-// counted, and how many of them were HOT (the row rewritten in place, no
-// index entry), once every connection of the pool has published its
-// statistics.
-func (w *world) keyUpdates() (updates, hot int) {
+// keyWrites returns how many rows of onceflow_keys the server has counted
+// inserted and updated, and how many of the updates were HOT (the row
+// rewritten in place, no index entry), once every connection of the pool
+// has published its statistics.
+func (w *world) keyWrites() (inserts, updates, hot int) {
 	w.t.Helper()
 	conns := w.db.AcquireAllIdle(w.ctx)
 	for _, c := range conns {
@@ -22,24 +23,53 @@ func (w *world) keyUpdates() (updates, hot int) {
 	for _, c := range conns {
 		c.Release()
 	}
-	require.NoError(w.t, w.db.QueryRow(w.ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
-		WHERE relname = 'onceflow_keys' AND schemaname = current_schema()`).Scan(&updates, &hot))
-	return updates, hot
+	require.NoError(w.t, w.db.QueryRow(w.ctx, `SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+		WHERE relname = 'onceflow_keys' AND schemaname = current_schema()`).Scan(&inserts, &updates, &hot))
+	return inserts, updates, hot
 }
 
-// TestAdvanceIsAHOTUpdate: a recovery point changes no indexed column of
-// the key record, so PostgreSQL rewrites the row in place (migration
-// 0016). The checkout writes its record three times: the claim inserts it,
-// create_order advances it in the same transaction (HOT), and
-// record_charge completes it (not HOT: the status, which the partial
-// indexes name, changes).
-func TestAdvanceIsAHOTUpdate(t *testing.T) {
+// TestFirstPhaseWritesTheRecordOnce: the claim folded into the first
+// phase's transaction leaves the new record to that phase's recovery
+// point, which inserts it (migration 0019): the checkout writes its record
+// twice, an insert with create_order's recovery point and the completion,
+// where an insert by the claim and an update by the recovery point, in
+// one transaction, made two versions of the row.
+func TestFirstPhaseWritesTheRecordOnce(t *testing.T) {
 	w := newWorld(t)
 	e := w.engine(workflow.Config{})
 	res, err := w.checkout().Run(w.ctx, e, acme, order)
 	require.NoError(t, err)
 	require.Equal(t, 201, res.Response.Status)
-	updates, hot := w.keyUpdates()
-	require.Equal(t, 2, updates, "the advance and the completion")
-	require.Equal(t, 1, hot, "the advance is a HOT update")
+	inserts, updates, _ := w.keyWrites()
+	require.Equal(t, 1, inserts, "the first phase's recovery point")
+	require.Equal(t, 1, updates, "the completion")
+	rec, err := e.Store().Load(w.ctx, acme)
+	require.NoError(t, err)
+	kinds := []recovery.TransitionKind{}
+	for _, tr := range rec.History {
+		kinds = append(kinds, tr.Kind)
+	}
+	require.Equal(t, []recovery.TransitionKind{recovery.TransitionClaimed, recovery.TransitionPhaseCommitted,
+		recovery.TransitionCompleted}, kinds)
+	require.False(t, rec.History[0].At.Before(rec.CreatedAt), "created by the claim")
+	require.True(t, rec.History[0].At.Before(rec.History[1].At), "claimed when the claim ran, before the phase committed")
+	require.Equal(t, res.Response.Body, rec.Response.Body)
+}
+
+// TestAdvanceIsAHOTUpdate: a recovery point changes no indexed column of
+// the key record, so PostgreSQL rewrites the row in place (migration
+// 0016). The ledger inserts its record with create_order's recovery point,
+// advances it on its own after charge and with record_charge (both HOT),
+// and completes it with close (not HOT: the status, which the partial
+// indexes name, changes).
+func TestAdvanceIsAHOTUpdate(t *testing.T) {
+	w := newWorld(t)
+	e := w.engine(workflow.Config{})
+	res, err := newEffects(w).ledger().Run(w.ctx, e, acme, order)
+	require.NoError(t, err)
+	require.Equal(t, 201, res.Response.Status)
+	inserts, updates, hot := w.keyWrites()
+	require.Equal(t, 1, inserts, "the first phase's recovery point")
+	require.Equal(t, 3, updates, "two advances and the completion")
+	require.Equal(t, 2, hot, "the advances are HOT updates")
 }

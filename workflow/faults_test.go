@@ -28,9 +28,13 @@ var (
 	// CompleteAndCommit), and a takeover committed on its own. Matched
 	// whole: "begin isolation level read committed" is no commit.
 	commitStatement = pgproxy.Statement("commit")
-	// claimStatement claims a key; it commits on its own when the first
-	// step is foreign.
-	claimStatement = pgproxy.Containing("onceflow_claim(")
+	// claimStatement claims a key: onceflow_claim, which commits on its own
+	// when the first step is foreign, or onceflow_claim_deferred, opening
+	// the first phase's transaction.
+	claimStatement = pgproxy.Containing("onceflow_claim")
+	// insertStatement inserts a record its claim left unwritten: the first
+	// phase's fenced write (migration 0019).
+	insertStatement = pgproxy.Containing("onceflow_keys (tenant_id, key, id,")
 	// advanceStatement records a recovery point: Advance on its own (a
 	// foreign step followed by a foreign step), or a phase's fenced write.
 	advanceStatement = pgproxy.Containing("SET recovery_point")
@@ -43,7 +47,9 @@ var (
 
 // stepCommit matches the fenced write that commits a step's result, on
 // its own or in a phase's batch, and not a takeover's own commit.
-func stepCommit(sql string) bool { return advanceStatement(sql) || finishStatement(sql) }
+func stepCommit(sql string) bool {
+	return insertStatement(sql) || advanceStatement(sql) || finishStatement(sql)
+}
 
 // Trail is the state of the workflows here: the steps whose results were
 // committed, in order.

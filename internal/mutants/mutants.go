@@ -20,9 +20,16 @@ var mutants = []Mutant{
 	{
 		Name:   "key-lock-not-taken",
 		Breaks: "a duplicate's claim is told by a lock wait on the first claim's row, not by the key lock, so it waits (up to the claim's lock_timeout) instead of answering at once",
-		Edits: []Edit{{File: "migrations/sql/0017_claim_key_lock.up.sql",
+		Edits: []Edit{{File: "migrations/sql/0019_claim_defers_insert.up.sql",
 			Old: "    PERFORM {schema}.onceflow_lock_key(p_tenant, p_key);\n", New: ""}},
 		Pkg: "./workflow", Run: "^TestDuplicateDoesNotWaitForTheFirstPhase$",
+	},
+	{
+		Name:   "claim-key-lock-not-taken",
+		Breaks: "a claim on its own inside a transaction takes no key lock, so a duplicate waits on its uncommitted row until that transaction ends",
+		Edits: []Edit{{File: "migrations/sql/0017_claim_key_lock.up.sql",
+			Old: "    PERFORM {schema}.onceflow_lock_key(p_tenant, p_key);\n", New: ""}},
+		Pkg: "./recovery", Run: "^TestDuplicateOfAClaimInATransactionDoesNotWait$",
 	},
 	{
 		Name:   "takeover-key-lock-not-taken",
@@ -34,8 +41,8 @@ var mutants = []Mutant{
 	{
 		Name:   "lock-timeout-removed",
 		Breaks: "a claim's write waits without bound for a lock no duplicate holds (another session's lock on an expired record's row)",
-		Edits: []Edit{{File: "migrations/sql/0017_claim_key_lock.up.sql",
-			Old: "    PERFORM set_config('lock_timeout', '1s', true);\n", New: ""}},
+		Edits: []Edit{{File: "migrations/sql/0019_claim_defers_insert.up.sql",
+			Old: "        PERFORM set_config('lock_timeout', '1s', true);\n", New: ""}},
 		Pkg: "./workflow", Run: "^TestContendedClaimRetriesOnceAndCountsNothing$",
 	},
 	{
@@ -131,9 +138,8 @@ var mutants = []Mutant{
 		Name:   "complete-after-commit",
 		Breaks: "the last phase commits, then the completion is written in a transaction of its own",
 		Edits: []Edit{{File: "recovery/pipeline.go",
-			Old: `	return s.andCommit(ctx, conn, "complete", f, s.sql.finishOrFail, args...)`,
-			New: `	_ = args
-	if _, err := conn.Exec(ctx, "commit"); err != nil {
+			Old: `	return s.andCommit(ctx, conn, "complete", f, s.sql.finishOrFail, in.finishArgs(f)...)`,
+			New: `	if _, err := conn.Exec(ctx, "commit"); err != nil {
 		return err
 	}
 	return s.withConn(conn).finish(ctx, "complete", f, StatusCompleted, resp, nil, point, state)`}},

@@ -88,12 +88,13 @@ const (
 // reading a table, or a TenantArgument one that reads another tenant's
 // rows, is caught.
 var Functions = map[string]Routing{
-	"onceflow_claim":         TenantArgument,
-	"onceflow_take_over":     TenantArgument,
-	"onceflow_lock_key":      TenantArgument,
-	"onceflow_may_take_over": Local,
-	"onceflow_history":       Local,
-	"onceflow_lease_lost":    Local,
+	"onceflow_claim":          TenantArgument,
+	"onceflow_claim_deferred": TenantArgument,
+	"onceflow_take_over":      TenantArgument,
+	"onceflow_lock_key":       TenantArgument,
+	"onceflow_may_take_over":  Local,
+	"onceflow_history":        Local,
+	"onceflow_lease_lost":     Local,
 }
 
 // Violation is a statement that would not route to one node.
