@@ -18,7 +18,7 @@ func init() {
 
 func (e *engineStore) store() *Store { return (*Store)(e) }
 
-func (e *engineStore) BeginAndClaim(ctx context.Context, conn batchConn, begin string, p ClaimParams) (*Record, Outcome, error) {
+func (e *engineStore) BeginAndClaim(ctx context.Context, conn batchConn, begin []string, p ClaimParams) (*Record, Outcome, error) {
 	return e.store().beginAndClaim(ctx, conn, begin, p)
 }
 

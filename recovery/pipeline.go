@@ -22,8 +22,9 @@ type batchConn = interface {
 // leaseLostCode is the SQLSTATE onceflow_lease_lost() raises.
 const leaseLostCode = "OF001"
 
-// beginAndClaim sends begin (a BEGIN statement) and the claim of p in one
-// round trip on conn, so the claim opens the caller's transaction. Whatever
+// beginAndClaim sends begin (statements ending with a BEGIN) and the claim
+// of p in one round trip on conn, so the claim opens the caller's
+// transaction. Whatever
 // it returns, the transaction is open on conn: the caller commits it or
 // rolls it back. Use it on a connection taken from a pool, not in a pgx.Tx.
 //
@@ -32,18 +33,22 @@ const leaseLostCode = "OF001"
 // Complete, Fail) inserts it with its outcome, and a transaction that
 // commits without one leaves no record, as one that rolls back. Until
 // then, the key lock the claim took keeps every other claim of the key out.
-func (s *Store) beginAndClaim(ctx context.Context, conn batchConn, begin string, p ClaimParams) (*Record, Outcome, error) {
+func (s *Store) beginAndClaim(ctx context.Context, conn batchConn, begin []string, p ClaimParams) (*Record, Outcome, error) {
 	args, err := s.claimArgs(p)
 	if err != nil {
 		return nil, 0, err
 	}
 	b := &pgx.Batch{}
-	b.Queue(begin)
+	for _, stmt := range begin {
+		b.Queue(stmt)
+	}
 	b.Queue(s.sql.claimDeferred, args...)
 	br := conn.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return nil, 0, s.dbError("begin", err) // the claim is prepared with it
+	for range begin {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return nil, 0, s.dbError("begin", err) // the claim is prepared with it
+		}
 	}
 	rows, err := br.Query()
 	if err != nil {

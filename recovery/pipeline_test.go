@@ -28,7 +28,7 @@ func TestPipelinedClaimAndCommit(t *testing.T) {
 	key := recovery.Key{Tenant: "acme", ID: "k1"}
 	conn := acquire(t, b)
 
-	rec, outcome, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, "begin", params(t, key, `{}`))
+	rec, outcome, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, []string{"begin"}, params(t, key, `{}`))
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeNew, outcome)
 	require.Equal(t, byte('T'), conn.Conn().PgConn().TxStatus(), "the claim's transaction is open")
@@ -48,7 +48,7 @@ func TestPipelinedClaimAndCommit(t *testing.T) {
 	require.Equal(t, jsonResponse.Body, got.Response.Body)
 
 	// A replay through the pipelined claim leaves a read-only transaction.
-	rec, outcome, err = seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, "begin", params(t, key, `{}`))
+	rec, outcome, err = seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, []string{"begin"}, params(t, key, `{}`))
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeReplay, outcome)
 	require.Equal(t, jsonResponse.Body, rec.Response.Body)
@@ -102,13 +102,13 @@ func TestPipelinedClaimRacingAFirstClaim(t *testing.T) {
 	key := recovery.Key{Tenant: "acme", ID: "k1"}
 	p := params(t, key, `{}`)
 	first := acquire(t, b)
-	_, _, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, first, "begin", p)
+	_, _, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, first, []string{"begin"}, p)
 	require.NoError(t, err)
 
 	// The second claim does not wait for the first's transaction (migration
 	// 0006): it is told at once that the key is in flight.
 	second := acquire(t, b)
-	_, _, err = seam.StoreOf(b.store).BeginAndClaim(b.ctx, second, "begin", p)
+	_, _, err = seam.StoreOf(b.store).BeginAndClaim(b.ctx, second, []string{"begin"}, p)
 	var inFlight *recovery.InFlightError
 	require.ErrorAs(t, err, &inFlight)
 	_, err = first.Exec(b.ctx, `COMMIT`)

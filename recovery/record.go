@@ -177,16 +177,21 @@ func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
 		notBefore      pgtype.Timestamptz
 		traceParent    pgtype.Text
 		history        []byte
+		// The request and the state are scanned as bytes: into a
+		// json.RawMessage, pgx would parse them first, which every claim
+		// would pay for.
+		request, state []byte
 	)
 	dest := append([]any{
-		&r.Key.Tenant, &r.Key.ID, &r.ID, &r.Workflow, &hash, &r.Request, &r.Owner, &status,
-		&recoveryPoint, &r.State, &lockedUntil, &r.Attempts, &lastError,
+		&r.Key.Tenant, &r.Key.ID, &r.ID, &r.Workflow, &hash, &request, &r.Owner, &status,
+		&recoveryPoint, &state, &lockedUntil, &r.Attempts, &lastError,
 		&responseStatus, &responseBody, &responseHeader, &r.CreatedAt, &r.UpdatedAt, &completedAt, &definition, &resumeAs, &notBefore, &r.Undo,
 		&traceParent, &history,
 	}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return nil, err
 	}
+	r.Request, r.State = request, state
 	copy(r.Fingerprint[:], hash)
 	r.Status = Status(status)
 	r.RecoveryPoint = recoveryPoint.String

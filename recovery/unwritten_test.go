@@ -16,7 +16,7 @@ import (
 func (b *bundle) beginAndClaim(t *testing.T, p recovery.ClaimParams) (seam.Conn, *recovery.Record, recovery.Outcome) {
 	t.Helper()
 	conn := acquire(t, b)
-	rec, outcome, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, "begin", p)
+	rec, outcome, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, []string{"begin"}, p)
 	require.NoError(t, err)
 	return conn, rec, outcome
 }

@@ -42,8 +42,9 @@ type attempt[Req, State any] struct {
 	key   Key
 	claim func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error)
 	// pipelined, when set, opens the transaction and claims in one round
-	// trip on conn.
-	pipelined func(ctx context.Context, conn *pgxpool.Conn) (*recovery.Record, recovery.Outcome, error)
+	// trip on conn, after ending the transaction a replay left open there
+	// when rollback is set.
+	pipelined func(ctx context.Context, conn *pgxpool.Conn, rollback bool) (*recovery.Record, recovery.Outcome, error)
 	start     int // the step expected to run first; the claim folds into it when atomic
 	// fromRecord: the request comes from the record the claim returns
 	// (Resume), not from the caller.
@@ -120,8 +121,12 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, req 
 	a.claim = func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
 		return s.Claim(ctx, traced())
 	}
-	a.pipelined = func(ctx context.Context, conn *pgxpool.Conn) (*recovery.Record, recovery.Outcome, error) {
-		return seam.StoreOf(e.store).BeginAndClaim(ctx, conn, beginSQL, traced())
+	a.pipelined = func(ctx context.Context, conn *pgxpool.Conn, rollback bool) (*recovery.Record, recovery.Outcome, error) {
+		begin := []string{beginSQL}
+		if rollback {
+			begin = []string{"rollback", beginSQL}
+		}
+		return seam.StoreOf(e.store).BeginAndClaim(ctx, conn, begin, traced())
 	}
 	a.run.Request = req
 	return a.execute(ctx)
@@ -209,9 +214,10 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 	a.e.observeClaim(a.w.name, outcome, err)
 	if err != nil || outcome == recovery.OutcomeReplay {
 		if outcome == recovery.OutcomeReplay && a.conn != nil {
-			// The claim wrote nothing: end its transaction off the
-			// caller's path, and answer now.
-			go endReadOnly(a.conn)
+			// The claim wrote nothing: its transaction is ended off
+			// the caller's path, by the next claim (keptConn), and the
+			// answer goes now.
+			a.e.kept.keep(a.conn)
 			a.conn, a.tx, a.claimOpen = nil, nil, false
 		}
 		a.rollback()
@@ -412,13 +418,16 @@ func (a *attempt[Req, State]) claimWithin(ctx context.Context, folded bool) (rec
 		a.claimSent = time.Now()
 		return a.claim(ctx, a.store())
 	}
-	conn, err := a.e.acquire(ctx)
-	if err != nil {
-		return nil, 0, fmt.Errorf("acquire a connection: %w", err)
+	conn, rollback := a.e.kept.take(), true
+	if conn == nil {
+		if conn, err = a.e.acquire(ctx); err != nil {
+			return nil, 0, fmt.Errorf("acquire a connection: %w", err)
+		}
+		rollback = false
 	}
 	a.conn = conn
 	a.claimSent = time.Now()
-	rec, outcome, err = a.pipelined(ctx, conn.Conn)
+	rec, outcome, err = a.pipelined(ctx, conn.Conn, rollback)
 	if err != nil || outcome == recovery.OutcomeReplay {
 		return rec, outcome, err
 	}

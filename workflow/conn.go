@@ -1,8 +1,10 @@
 package workflow
 
 import (
+	"cmp"
 	"context"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -72,8 +74,17 @@ func (c *workConn) Release() {
 	})
 }
 
-// acquire takes a connection for an attempt's work, through the gate.
+// acquire takes a connection for an attempt's work, through the gate. A
+// connection kept after a replay (keptConn) is taken first, its
+// transaction rolled back.
 func (e *Engine) acquire(ctx context.Context) (*workConn, error) {
+	if conn := e.kept.take(); conn != nil {
+		if _, err := conn.Exec(ctx, "rollback"); err != nil {
+			conn.Release() // the pool drops a connection left in a transaction
+			return nil, err
+		}
+		return conn, nil
+	}
 	if err := e.gate.enter(ctx); err != nil {
 		return nil, err
 	}
@@ -83,4 +94,65 @@ func (e *Engine) acquire(ctx context.Context) (*workConn, error) {
 		return nil, err
 	}
 	return &workConn{Conn: conn, gate: e.gate}, nil
+}
+
+// keptFor is how long a replay's connection waits, its read-only
+// transaction open, for the next claim to end that transaction in its own
+// round trip; past it the connection is rolled back and released.
+const keptFor = 5 * time.Millisecond
+
+// keptConn holds at most one connection whose transaction a replay left
+// open. The claim opens the first phase's transaction (BEGIN and the claim
+// in one round trip); for a finished key it wrote nothing, and ending that
+// transaction on its own would cost a round trip per replay. Kept, the
+// transaction is ended by the next pipelined claim, whose batch starts
+// with the ROLLBACK: a replay in a steady stream of claims costs one round
+// trip. The transaction holds no snapshot between statements (READ
+// COMMITTED) and no lock, so keeping it for keptFor delays nothing else;
+// the connection keeps its place at the gate meanwhile, and acquire takes
+// it before waiting at the gate.
+type keptConn struct {
+	mu    sync.Mutex
+	conn  *workConn
+	timer *time.Timer
+	// keepFor is how long a connection is kept: keptFor, unless a test
+	// set it (0 means keptFor).
+	keepFor time.Duration
+}
+
+// keep keeps conn, whose read-only transaction is open, or ends that
+// transaction off the caller's path when a connection is kept already.
+func (k *keptConn) keep(conn *workConn) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.conn != nil {
+		go endReadOnly(conn)
+		return
+	}
+	k.conn = conn
+	d := cmp.Or(k.keepFor, keptFor)
+	if k.timer == nil {
+		k.timer = time.AfterFunc(d, k.expire)
+	} else {
+		k.timer.Reset(d)
+	}
+}
+
+// take returns the kept connection, its transaction still open, or nil.
+func (k *keptConn) take() *workConn {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	conn := k.conn
+	if conn != nil {
+		k.conn = nil
+		k.timer.Stop()
+	}
+	return conn
+}
+
+// expire ends the kept connection's transaction and releases it.
+func (k *keptConn) expire() {
+	if conn := k.take(); conn != nil {
+		endReadOnly(conn)
+	}
 }

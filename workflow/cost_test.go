@@ -2,6 +2,7 @@ package workflow_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -72,4 +73,41 @@ func TestAdvanceIsAHOTUpdate(t *testing.T) {
 	require.Equal(t, 1, inserts, "the first phase's recovery point")
 	require.Equal(t, 3, updates, "two advances and the completion")
 	require.Equal(t, 2, hot, "the advances are HOT updates")
+}
+
+// TestReplaysInAStreamTakeOneRoundTripEach: a replay's claim opens the
+// first phase's transaction, which it leaves open for the next claim to
+// end in its own batch (keptConn): a stream of replays costs one round
+// trip each, not a claim and a ROLLBACK. Left alone, the kept connection
+// goes back to the pool.
+func TestReplaysInAStreamTakeOneRoundTripEach(t *testing.T) {
+	w := newWorld(t)
+	e := w.engine(workflow.Config{})
+	wf := w.checkout()
+	first, err := wf.Run(w.ctx, e, acme, order)
+	require.NoError(t, err)
+	w.settled()
+
+	workflow.SetKeptFor(e, time.Minute) // no expiry between the replays, however slow the machine
+	before := w.counter.Counts()
+	const replays = 10
+	for range replays {
+		res, err := wf.Run(w.ctx, e, acme, order)
+		require.NoError(t, err)
+		require.True(t, res.Replayed)
+		require.Equal(t, first.Response.Body, res.Response.Body)
+	}
+	got := w.counter.Counts().Sub(before)
+	require.EqualValues(t, replays, got.RoundTrips(), "%+v", got)
+	require.EqualValues(t, 1, w.db.Stat().AcquiredConns(), "the last replay's connection is kept")
+
+	// The next claim, a new key's, ends the kept transaction in its batch.
+	_, err = wf.Run(w.ctx, e, workflow.Key{Tenant: "acme", ID: "next"}, order)
+	require.NoError(t, err)
+	require.Zero(t, w.db.Stat().AcquiredConns())
+	workflow.SetKeptFor(e, 0)
+
+	_, err = wf.Run(w.ctx, e, acme, order)
+	require.NoError(t, err)
+	w.settled() // within keptFor, the connection goes back by itself
 }

@@ -177,6 +177,7 @@ func (cfg Config) validate() error {
 type Engine struct {
 	db          DB
 	gate        workGate // keeps a connection of db's for renewals (conn.go)
+	kept        keptConn // a replay's connection, its transaction open (conn.go)
 	store       *recovery.Store
 	lease       time.Duration
 	dbTimeout   time.Duration
@@ -321,6 +322,16 @@ func (e *Engine) Register(defs ...Definition) error {
 	return nil
 }
 
+// registered reports whether w itself is registered, under a read lock:
+// Run registers its workflow only the first time, instead of taking the
+// engine's write lock at every run.
+func (e *Engine) registered(w runnable) bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	fam := e.workflows[w.spec().Workflow]
+	return fam != nil && fam.byFP[w.spec().Fingerprint] == w
+}
+
 // Workflows returns the names of the registered workflows, sorted.
 func (e *Engine) Workflows() []string {
 	e.mu.RLock()
@@ -389,8 +400,10 @@ func (w *Workflow[Req, State]) Run(ctx context.Context, e *Engine, key Key, req 
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
-	if err := e.Register(w); err != nil {
-		return nil, err
+	if !e.registered(w) {
+		if err := e.Register(w); err != nil {
+			return nil, err
+		}
 	}
 	var o runOptions
 	for _, opt := range opts {

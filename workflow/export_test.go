@@ -1,6 +1,17 @@
 package workflow
 
-import "context"
+import (
+	"context"
+	"time"
+)
+
+// SetKeptFor sets how long e keeps a replay's connection for the next
+// claim (0: keptFor). Call it while e runs nothing.
+func SetKeptFor(e *Engine, d time.Duration) {
+	e.kept.mu.Lock()
+	defer e.kept.mu.Unlock()
+	e.kept.keepFor = d
+}
 
 // HoldWorkPlaces takes every connection e lets its attempts hold at once
 // (workGate), as attempts in their phases would, and returns how many it

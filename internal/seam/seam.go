@@ -26,7 +26,7 @@ type Conn = interface {
 // Store is the engine's view of a *recovery.Store. Each method is the
 // recovery method of the same name, lower-cased, which documents it.
 type Store interface {
-	BeginAndClaim(ctx context.Context, conn Conn, begin string, p recovery.ClaimParams) (*recovery.Record, recovery.Outcome, error)
+	BeginAndClaim(ctx context.Context, conn Conn, begin []string, p recovery.ClaimParams) (*recovery.Record, recovery.Outcome, error)
 	WithConn(conn recovery.DBTX) *recovery.Store
 	AdvanceAndCommit(ctx context.Context, conn Conn, f recovery.Fence, recoveryPoint string, state []byte) error
 	CompleteAndCommit(ctx context.Context, conn Conn, f recovery.Fence, recoveryPoint string, state []byte, resp recovery.Response) error
