@@ -18,6 +18,7 @@ import (
 
 	"github.com/onceflow/onceflow/foreign"
 	"github.com/onceflow/onceflow/internal/lease"
+	"github.com/onceflow/onceflow/internal/opentx"
 	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/internal/sleep"
 	"github.com/onceflow/onceflow/internal/tracing"
@@ -28,6 +29,10 @@ import (
 // cleanupTimeout bounds the writes an attempt makes after its context ended
 // (releasing the lease, deleting a rejected claim).
 const cleanupTimeout = 10 * time.Second
+
+// errTxEndedByStep is the cause of a record failed because an atomic phase
+// ended its own transaction (see attempt.txEndedByStep).
+var errTxEndedByStep = errors.New("the phase committed or rolled back its own transaction, so its writes may be committed without the recovery point; the record failed so that they are not made again")
 
 // beginSQL opens the engine's transactions: the claim re-runs its statement
 // after losing a race, which needs a fresh snapshot per statement, whatever
@@ -51,8 +56,8 @@ type attempt[Req, State any] struct {
 	fromRecord bool
 	hops       int // how often the record was handed to another version
 
-	conn      *workConn // the connection the open transaction is on
-	tx        *phaseTx  // the open transaction, if any
+	conn      *workConn  // the connection the open transaction is on
+	tx        *opentx.Tx // the open transaction, if any
 	rec       *recovery.Record
 	outcome   recovery.Outcome
 	claimSent time.Time              // when the claim was sent, once it had a connection
@@ -431,7 +436,7 @@ func (a *attempt[Req, State]) claimWithin(ctx context.Context, folded bool) (rec
 	if err != nil || outcome == recovery.OutcomeReplay {
 		return rec, outcome, err
 	}
-	a.tx = &phaseTx{conn: conn.Conn.Conn()}
+	a.tx = opentx.New(conn.Conn.Conn(), "")
 	return rec, outcome, nil
 }
 
@@ -455,7 +460,7 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 		}
 	}
 	err := a.runAtomic(ctx, step)
-	if a.tx.ended() {
+	if a.tx.Ended() {
 		return a.txEndedByStep(ctx, step.Name())
 	}
 	if o, ok := asOutcome(err); ok {
@@ -516,7 +521,7 @@ func (a *attempt[Req, State]) runAtomic(ctx context.Context, step phase.Step[Req
 		if lost := stop(); lost != nil {
 			return lost
 		}
-		if try == atomicTries || before == nil || a.tx.ended() || !conflicted(err) {
+		if try == atomicTries || before == nil || a.tx.Ended() || !conflicted(err) {
 			return err
 		}
 		a.e.logger.InfoContext(ctx, "atomic phase's transaction lost a conflict; running it again",
@@ -858,7 +863,7 @@ func (a *attempt[Req, State]) begin(ctx context.Context) error {
 		return fmt.Errorf("acquire a connection: %w", err)
 	}
 	// The BEGIN goes with the phase's first statement.
-	a.conn, a.tx = conn, &phaseTx{conn: conn.Conn.Conn(), begin: beginSQL}
+	a.conn, a.tx = conn, opentx.New(conn.Conn.Conn(), beginSQL)
 	return nil
 }
 
@@ -881,7 +886,7 @@ func (a *attempt[Req, State]) beginHeld(ctx context.Context, step string) error 
 // connection back.
 func (a *attempt[Req, State]) commitWith(ctx context.Context, commit func(seam.Conn) error) error {
 	sent := time.Now()
-	err := a.tx.open(ctx) // a phase that sent no statement
+	err := a.tx.Open(ctx) // a phase that sent no statement
 	if err == nil {
 		err = commit(a.conn)
 	}
@@ -936,7 +941,7 @@ func (a *attempt[Req, State]) beforeCommit(ctx context.Context, step string) err
 
 // commit commits the open transaction on its own.
 func (a *attempt[Req, State]) commit(ctx context.Context) error {
-	err := a.tx.open(ctx)
+	err := a.tx.Open(ctx)
 	if err == nil {
 		_, err = a.conn.Exec(ctx, "commit")
 	}

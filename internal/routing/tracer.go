@@ -94,8 +94,7 @@ func unlisted(sql string) []*Violation {
 var passOn = []string{
 	"github.com/jackc/pgx/",
 	Module + "internal/routing.",
-	Module + "workflow.(*phaseTx).",
-	Module + "workflow.(*savepointTx).",
+	Module + "internal/opentx.",
 }
 
 // sender returns the function that sent the statement being traced, and

@@ -1,4 +1,10 @@
-package workflow
+// Package opentx lends a transaction that its owner opened and ends: the
+// pgx.Tx an atomic phase of a workflow, or a handler behind
+// idemhttp.Middleware, gets. It behaves as a pgx.Tx (statements, batches,
+// COPY, savepoints as nested transactions) except that Commit and
+// Rollback, and a statement that would end the transaction, are refused:
+// the owner commits it together with its key record.
+package opentx
 
 import (
 	"context"
@@ -10,16 +16,17 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// errEngineEnds is what a step gets from Commit or Rollback on its
-// transaction: the engine ends it, with the recovery point.
-var errEngineEnds = errors.New("onceflow: the engine commits or rolls back a phase's transaction; return an error to roll it back")
+// ErrOwnerEnds is what Commit or Rollback return, and a statement that
+// would end the transaction: its owner (the workflow engine, the HTTP
+// middleware) ends it, with the key record.
+var ErrOwnerEnds = errors.New("onceflow: the engine or the middleware commits or rolls back this transaction; return an error to roll it back")
 
-// phaseTx is the pgx.Tx an atomic phase gets for its transaction on conn.
-// The engine opens the transaction with the claim, or sends the BEGIN with
-// the phase's first statement, and ends it with the recovery point and the
-// COMMIT: one round trip each, so the phase sees a transaction but may not
-// end it. Begin makes savepoints, as pgx's nested transactions do.
-type phaseTx struct {
+// Tx is the pgx.Tx lent for a transaction on conn. Its owner opens the
+// transaction with a statement of its own (a claim), or leaves the BEGIN
+// to go with the first statement, and ends it with its fenced write and
+// the COMMIT: one round trip each, so the borrower sees a transaction but
+// may not end it. Begin makes savepoints, as pgx's nested transactions do.
+type Tx struct {
 	conn *pgx.Conn
 	// begin is the BEGIN not sent yet: it goes with the first statement.
 	begin     string
@@ -27,8 +34,12 @@ type phaseTx struct {
 	lobs      pgx.Tx // for LargeObjects, made on first use
 }
 
-// open sends a pending BEGIN on its own.
-func (t *phaseTx) open(ctx context.Context) error {
+// New returns the Tx for the transaction open on conn, or, when begin is
+// set, for the one begin opens with the first statement sent.
+func New(conn *pgx.Conn, begin string) *Tx { return &Tx{conn: conn, begin: begin} }
+
+// Open sends a pending BEGIN on its own.
+func (t *Tx) Open(ctx context.Context) error {
 	if t.begin == "" {
 		return nil
 	}
@@ -42,7 +53,7 @@ func (t *phaseTx) open(ctx context.Context) error {
 // pipelines reports whether a statement can go in one batch with the
 // pending BEGIN: it has arguments (a statement without is sent with the
 // simple protocol, which allows several in one string) and no pgx options.
-func (t *phaseTx) pipelines(args []any) bool {
+func (t *Tx) pipelines(args []any) bool {
 	if t.begin == "" || len(args) == 0 {
 		return false
 	}
@@ -55,7 +66,7 @@ func (t *phaseTx) pipelines(args []any) bool {
 
 // withBegin sends the pending BEGIN and the statement in one batch and
 // returns the batch, positioned at the statement's result.
-func (t *phaseTx) withBegin(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+func (t *Tx) withBegin(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.Queue(t.begin)
 	b.Queue(sql, args...)
@@ -68,8 +79,8 @@ func (t *phaseTx) withBegin(ctx context.Context, sql string, args []any) (pgx.Ba
 	return br, nil
 }
 
-func (t *phaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := t.open(ctx); err != nil {
+func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.Open(ctx); err != nil {
 		return nil, err
 	}
 	t.savepoint++
@@ -77,23 +88,23 @@ func (t *phaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if _, err := t.conn.Exec(ctx, "savepoint "+name); err != nil {
 		return nil, err
 	}
-	return &savepointTx{phaseTx: t, name: name}, nil
+	return &savepointTx{Tx: t, name: name}, nil
 }
 
-func (t *phaseTx) Commit(context.Context) error   { return errEngineEnds }
-func (t *phaseTx) Rollback(context.Context) error { return errEngineEnds }
+func (t *Tx) Commit(context.Context) error   { return ErrOwnerEnds }
+func (t *Tx) Rollback(context.Context) error { return ErrOwnerEnds }
 
-func (t *phaseTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if err := t.open(ctx); err != nil {
+func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.Open(ctx); err != nil {
 		return 0, err
 	}
 	return t.conn.CopyFrom(ctx, table, columns, src)
 }
 
-func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	for _, q := range b.QueuedQueries {
 		if endsTransaction(q.SQL) {
-			return errBatch{err: errEngineEnds}
+			return errBatch{err: ErrOwnerEnds}
 		}
 	}
 	if t.begin != "" {
@@ -108,11 +119,11 @@ func (t *phaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 	return t.conn.SendBatch(ctx, b)
 }
 
-// LargeObjects works on the phase's transaction; the first call costs a
+// LargeObjects works on the transaction; the first call costs a
 // round trip.
-func (t *phaseTx) LargeObjects() pgx.LargeObjects {
+func (t *Tx) LargeObjects() pgx.LargeObjects {
 	if t.lobs == nil {
-		if err := t.open(context.Background()); err != nil {
+		if err := t.Open(context.Background()); err != nil {
 			return pgx.LargeObjects{}
 		}
 		tx, err := t.conn.BeginTx(context.Background(), pgx.TxOptions{BeginQuery: "SELECT"})
@@ -124,16 +135,16 @@ func (t *phaseTx) LargeObjects() pgx.LargeObjects {
 	return t.lobs.LargeObjects()
 }
 
-func (t *phaseTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	if endsTransaction(sql) {
-		return nil, errEngineEnds
+		return nil, ErrOwnerEnds
 	}
 	return t.conn.Prepare(ctx, name, sql)
 }
 
-func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if endsTransaction(sql) {
-		return pgconn.CommandTag{}, errEngineEnds
+		return pgconn.CommandTag{}, ErrOwnerEnds
 	}
 	if t.pipelines(args) {
 		br, err := t.withBegin(ctx, sql, args)
@@ -146,25 +157,25 @@ func (t *phaseTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 		}
 		return tag, err
 	}
-	if err := t.open(ctx); err != nil {
+	if err := t.Open(ctx); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	return t.conn.Exec(ctx, sql, args...)
 }
 
-func (t *phaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if endsTransaction(sql) {
-		return nil, errEngineEnds
+		return nil, ErrOwnerEnds
 	}
-	if err := t.open(ctx); err != nil {
+	if err := t.Open(ctx); err != nil {
 		return nil, err
 	}
 	return t.conn.Query(ctx, sql, args...)
 }
 
-func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if endsTransaction(sql) {
-		return errRow{errEngineEnds}
+		return errRow{ErrOwnerEnds}
 	}
 	if t.pipelines(args) {
 		br, err := t.withBegin(ctx, sql, args)
@@ -173,17 +184,17 @@ func (t *phaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 		}
 		return batchRow{br}
 	}
-	if err := t.open(ctx); err != nil {
+	if err := t.Open(ctx); err != nil {
 		return errRow{err}
 	}
 	return t.conn.QueryRow(ctx, sql, args...)
 }
 
-func (t *phaseTx) Conn() *pgx.Conn { return t.conn }
+func (t *Tx) Conn() *pgx.Conn { return t.conn }
 
-// savepointTx is a nested transaction of a phase: a savepoint.
+// savepointTx is a nested transaction: a savepoint.
 type savepointTx struct {
-	*phaseTx
+	*Tx
 	name   string
 	closed bool
 }
@@ -238,15 +249,11 @@ func (b errBatch) Close() error {
 	return b.err
 }
 
-// errTxEndedByStep is the cause of a record failed because an atomic phase
-// ended its own transaction (see attempt.txEndedByStep).
-var errTxEndedByStep = errors.New("the phase committed or rolled back its own transaction, so its writes may be committed without the recovery point; the record failed so that they are not made again")
-
-// ended reports whether the phase's transaction is over while its
-// connection lives: a statement the phase sent (a COMMIT in a string of
+// Ended reports whether the transaction is over while its
+// connection lives: a statement the borrower sent (a COMMIT in a string of
 // several, say) ended it. A connection that died took its transaction with
 // it, uncommitted.
-func (t *phaseTx) ended() bool {
+func (t *Tx) Ended() bool {
 	if t == nil || t.begin != "" {
 		return false
 	}
@@ -255,7 +262,7 @@ func (t *phaseTx) ended() bool {
 }
 
 // endsTransaction reports whether sql starts with a statement that would
-// end the phase's transaction (COMMIT, END, ROLLBACK or ABORT other than to
+// end the transaction (COMMIT, END, ROLLBACK or ABORT other than to
 // a savepoint, PREPARE TRANSACTION). Statements later in a string of
 // several are caught after the fact (ended).
 func endsTransaction(sql string) bool {
