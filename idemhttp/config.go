@@ -110,6 +110,27 @@ type Config struct {
 	// work belongs in a workflow.
 	Lease time.Duration
 
+	// Atomic says that the handler's effects are all writes through Tx:
+	// it calls no other system, sends no mail, writes no file. Then the
+	// claim opens the request's transaction, and the handler's writes and
+	// the stored response commit in it, once, as an atomic phase of a
+	// workflow does: one commit per request instead of two (the claim's
+	// own, then the response's). A duplicate meanwhile is answered 409 at
+	// once by the key's lock; a request that fails, is not stored or
+	// whose process dies leaves nothing, and its retry runs the handler
+	// afresh. The price: the request holds a connection, in a
+	// transaction, from the claim to the response, and no lease bounds
+	// the handler (no one else can take the key while its transaction is
+	// open), so keep such handlers short and give them a deadline. A
+	// response over MaxResponse from a handler that never called Tx is
+	// still streamed, and nothing is kept.
+	//
+	// Leave it false for a handler with any effect outside the database:
+	// its claim must commit first, so that a duplicate is kept out by the
+	// lease after a crash instead of running the handler's calls again at
+	// once.
+	Atomic bool
+
 	// DBTimeout bounds the database work done before the handler runs
 	// (taking a connection and claiming the key) and taking the connection
 	// for Tx: past it, the answer is 503 with Retry-After and the handler

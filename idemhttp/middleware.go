@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/internal/lease"
+	"github.com/onceflow/onceflow/internal/opentx"
 	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/internal/tracing"
 	"github.com/onceflow/onceflow/recovery"
@@ -44,7 +45,9 @@ const cleanupTimeout = 10 * time.Second
 // response that cfg.Store refuses (by default 401, 403, 407, 408, 425, 429
 // and 5xx), one over cfg.MaxResponse, or a panic, is not stored: the
 // transaction rolls back, the claim is dropped, and a retry runs the
-// handler again.
+// handler again. A handler whose only effects are its writes through Tx
+// may set cfg.Atomic: the claim then opens that transaction, and the
+// request commits once.
 //
 // Migrate db first (`onceflow migrate up`, or migrations.Migrator.Up, with
 // the schema of cfg.Schema): until then every request with a key is
@@ -63,7 +66,7 @@ func Middleware(db workflow.DB, cfg Config) (func(http.Handler) http.Handler, er
 	}
 	c := newCore(cfg.shared())
 	c.operation, c.dbTimeout, c.optional, c.observer = cfg.Operation, cfg.DBTimeout, cfg.KeyOptional, cfg.Observer
-	m := &middleware{core: c, db: db, store: store, stores: cfg.Store, maxResponse: cfg.MaxResponse}
+	m := &middleware{core: c, db: db, store: store, stores: cfg.Store, maxResponse: cfg.MaxResponse, atomic: cfg.Atomic}
 	return func(next http.Handler) http.Handler {
 		h := *m
 		h.next = next
@@ -77,6 +80,7 @@ type middleware struct {
 	store       *recovery.Store
 	stores      func(status int) bool
 	maxResponse int64
+	atomic      bool // Config.Atomic: the claim opens the handler's transaction
 	next        http.Handler
 }
 
@@ -105,16 +109,21 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rec     *recovery.Record
 		outcome recovery.Outcome
 		sent    time.Time
+		open    *pgxpool.Conn // Atomic: the connection whose transaction the claim opened
 		params  = recovery.ClaimParams{Key: who.key, Workflow: op,
 			Fingerprint: fingerprint(op, r, body), Principal: who.principal, TraceParent: traceParent}
 	)
 	claim := func() (err error) {
 		claimCtx, cancel := context.WithTimeout(r.Context(), m.dbTimeout)
 		defer cancel()
-		sent, err = lease.Send(claimCtx, m.db, func(conn *pgxpool.Conn) (err error) {
-			rec, outcome, err = seam.StoreOf(m.store).WithConn(conn).Claim(claimCtx, params)
-			return err
-		})
+		if m.atomic {
+			rec, outcome, open, err = m.claimOpening(claimCtx, params)
+		} else {
+			sent, err = lease.Send(claimCtx, m.db, func(conn *pgxpool.Conn) (err error) {
+				rec, outcome, err = seam.StoreOf(m.store).WithConn(conn).Claim(claimCtx, params)
+				return err
+			})
+		}
 		m.observe(op, outcome, err)
 		m.resetIfReadOnly(r, err)
 		return err
@@ -133,28 +142,72 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	m.serve(w, r, rec, sent)
+	m.serve(w, r, rec, sent, open)
+}
+
+// beginSQL opens the transaction an Atomic claim opens: READ COMMITTED,
+// whatever the server's default, as the handler's transaction otherwise
+// is (readCommitted).
+const beginSQL = "begin isolation level read committed"
+
+// claimOpening claims p for an Atomic handler: BEGIN and the claim in one
+// round trip, on a connection it returns with the transaction open when
+// the request is to run. A new record is not inserted yet (migration
+// 0019): the response inserts it. For any other answer (a replay, a key
+// in flight) the transaction, which wrote nothing, is rolled back off the
+// caller's path.
+func (m *middleware) claimOpening(ctx context.Context, p recovery.ClaimParams) (*recovery.Record, recovery.Outcome, *pgxpool.Conn, error) {
+	conn, err := m.db.Acquire(ctx)
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("%w: %w", recovery.ErrUnavailable, err)
+	}
+	rec, outcome, err := seam.StoreOf(m.store).BeginAndClaim(ctx, conn, []string{beginSQL}, p)
+	if err != nil || outcome == recovery.OutcomeReplay {
+		go rollBack(conn)
+		return rec, outcome, nil, err
+	}
+	return rec, outcome, conn, nil
+}
+
+// rollBack ends conn's transaction without committing and releases conn.
+func rollBack(conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	_, _ = conn.Exec(ctx, "rollback")
+	conn.Release()
 }
 
 // serve runs the handler for a claimed key, keeping its lease meanwhile
 // (the claim was sent at sent), and stores its response. The handler's
-// context ends when the lease is lost or may have ended.
-func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery.Record, sent time.Time) {
-	fence := rec.Fence()
-	keeper := lease.New(m.store.Lease(), sent,
-		func(ctx context.Context) (time.Time, error) { return m.store.Renew(ctx, fence, 0) }, nil)
-	ctx, stop := keeper.Hold(r.Context())
-	out, t, outcome := m.handle(w, r.WithContext(ctx))
-	if lost := stop(); lost != nil {
-		m.logger.WarnContext(r.Context(), "the handler ran past its lease", slog.String("operation", rec.Workflow), slog.Any("error", lost))
+// context ends when the lease is lost or may have ended. With open, the
+// connection an Atomic claim opened its transaction on, the handler's Tx
+// is that transaction, and no lease is kept: until it ends, the key's lock
+// keeps every other claim out.
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery.Record, sent time.Time, open *pgxpool.Conn) {
+	var out *recorder
+	var t *txHolder
+	var outcome handlerOutcome
+	if open != nil {
+		out, t, outcome = m.handle(w, r, open)
+	} else {
+		fence := rec.Fence()
+		keeper := lease.New(m.store.Lease(), sent,
+			func(ctx context.Context) (time.Time, error) { return m.store.Renew(ctx, fence, 0) }, nil)
+		ctx, stop := keeper.Hold(r.Context())
+		out, t, outcome = m.handle(w, r.WithContext(ctx), nil)
+		if lost := stop(); lost != nil {
+			m.logger.WarnContext(r.Context(), "the handler ran past its lease", slog.String("operation", rec.Workflow), slog.Any("error", lost))
+		}
 	}
 	// What is left to do is done even if the client went away: the work is.
 	cleanupCtx, cancelCleanup := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
 	defer cancelCleanup()
 	resp := out.response()
 	if outcome != returned || out.over || !m.stores(resp.Status) {
-		_ = t.end(cleanupCtx, nil) // rolls back; the claim is forgotten next
-		m.forget(cleanupCtx, rec)
+		_ = t.end(cleanupCtx, nil) // rolls back, an Atomic claim with it; another claim is forgotten next
+		if open == nil {
+			m.forget(cleanupCtx, rec)
+		}
 		m.answerUnstored(w, r, out, outcome)
 		return
 	}
@@ -172,7 +225,9 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery
 	case err != nil:
 		m.logger.ErrorContext(r.Context(), "could not store the response", slog.Any("error", err))
 		m.resetIfReadOnly(r, err)
-		m.forget(cleanupCtx, rec) // nothing was stored: let a retry run it again
+		if open == nil {
+			m.forget(cleanupCtx, rec) // nothing was stored: let a retry run it again
+		}
 		writeProblem(w, &problem{status: http.StatusServiceUnavailable, retryAfter: time.Second,
 			detail: "the response could not be stored; retry with the same key"})
 	default:
@@ -224,7 +279,7 @@ func (m *middleware) unprotected(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	out, t, outcome := m.handle(w, r)
+	out, t, outcome := m.handle(w, r, nil)
 	resp := out.response()
 	commit := func(conn *pgxpool.Conn) error {
 		if conn == nil {
@@ -258,9 +313,13 @@ const (
 
 // handle runs the handler with a transaction to lend (Tx) and a recorder
 // in front of w, and returns the recorder, the transaction holder and how
-// the handler ended.
-func (m *middleware) handle(w http.ResponseWriter, r *http.Request) (*recorder, *txHolder, handlerOutcome) {
+// the handler ended. The transaction is the one open on open, if set;
+// else it begins on first use.
+func (m *middleware) handle(w http.ResponseWriter, r *http.Request, open *pgxpool.Conn) (*recorder, *txHolder, handlerOutcome) {
 	t := &txHolder{db: m.db, timeout: m.dbTimeout}
+	if open != nil {
+		t.conn, t.tx = open, opentx.New(open.Conn(), "")
+	}
 	r = r.WithContext(context.WithValue(r.Context(), txKey{}, t))
 	out := &recorder{header: http.Header{}, limit: m.maxResponse, w: w, tx: t}
 	outcome := m.run(out, r)
@@ -306,12 +365,14 @@ var errResponseTooLarge = errors.New("idemhttp: the response is larger than MaxR
 
 // txHolder begins the handler's transaction on first use, on a connection
 // it holds until the response is stored, and refuses to begin one after.
+// An Atomic claim's transaction is open in it from the start.
 type txHolder struct {
 	mu      sync.Mutex
 	db      workflow.DB
 	timeout time.Duration // bounds taking a connection and beginning
 	conn    *pgxpool.Conn
 	tx      pgx.Tx
+	lent    bool  // the handler got the transaction
 	closed  error // why no transaction may begin any more; nil while one may
 }
 
@@ -342,6 +403,7 @@ func (t *txHolder) get(ctx context.Context) (pgx.Tx, error) {
 		}
 		t.conn, t.tx = conn, tx
 	}
+	t.lent = true
 	return t.tx, nil
 }
 
@@ -380,12 +442,12 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 	return t.get(ctx)
 }
 
-// closeUnused refuses every later Tx and reports true when no transaction
-// was begun; otherwise it changes nothing and reports false.
+// closeUnused refuses every later Tx and reports true when the handler got
+// no transaction; otherwise it changes nothing and reports false.
 func (t *txHolder) closeUnused() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.tx != nil {
+	if t.lent {
 		return false
 	}
 	if t.closed == nil {

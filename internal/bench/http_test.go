@@ -18,7 +18,7 @@ func TestHTTPLoadThroughClient(t *testing.T) {
 	defer cancel()
 	report, err := Run(ctx, Config{Cases: []string{"idemhttp"}, NoFsync: true, Rounds: 1, Round: 200 * time.Millisecond})
 	require.NoError(t, err)
-	require.Len(t, report.Results, 2)
+	require.Len(t, report.Results, 3)
 	for _, r := range report.Results {
 		require.Positive(t, r.Onceflow, r.Figure)
 		require.Positive(t, r.Floor, r.Figure)

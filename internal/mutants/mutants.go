@@ -32,6 +32,14 @@ var mutants = []Mutant{
 		Pkg: "./recovery", Run: "^TestDuplicateOfAClaimInATransactionDoesNotWait$",
 	},
 	{
+		Name:   "atomic-claim-committed-alone",
+		Breaks: "an Atomic claim's transaction commits before the handler runs, so the key's lock is gone while it runs: a duplicate runs the handler too, and a request commits twice",
+		Edits: []Edit{{File: "idemhttp/middleware.go",
+			Old: "\treturn rec, outcome, conn, nil\n}",
+			New: "\t_, _ = conn.Exec(ctx, \"commit\")\n\t_, _ = conn.Exec(ctx, beginSQL)\n\treturn rec, outcome, conn, nil\n}"}},
+		Pkg: "./idemhttp", Run: "^(TestAtomicCommitsOnce|TestAtomicDuplicateIsRefusedAtOnce)$",
+	},
+	{
 		Name:   "takeover-key-lock-not-taken",
 		Breaks: "a takeover takes no key lock, so a claim that read the lease it took over waits for the phase folded into its transaction",
 		Edits: []Edit{{File: "migrations/sql/0017_claim_key_lock.up.sql",

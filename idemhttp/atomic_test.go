@@ -1,0 +1,222 @@
+package idemhttp_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/idemhttp"
+	"github.com/onceflow/onceflow/internal/dbtest"
+	"github.com/onceflow/onceflow/internal/pgtrace"
+)
+
+// newAtomicServer is newServer with Config.Atomic, on a pool whose
+// statements and commits are counted.
+func newAtomicServer(t *testing.T, cfg idemhttp.Config) (*server, *pgtrace.Counter) {
+	t.Helper()
+	t.Parallel()
+	pcfg, err := pgxpool.ParseConfig(dbtest.NewDatabase(t, dbtest.Options{}))
+	require.NoError(t, err)
+	counter := &pgtrace.Counter{}
+	pcfg.ConnConfig.Tracer = counter
+	dbtest.CheckRouting(t, pcfg.ConnConfig)
+	pcfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	cfg.Atomic = true
+	return newServerOn(t, pool, cfg, nil), counter
+}
+
+// held returns a channel a handler closes when it is entered, one it waits
+// on, and the function that frees it, which also runs when the test ends
+// (before its server closes), so that a test failing while a handler waits
+// ends at once.
+func held(t *testing.T) (entered, release chan struct{}, free func()) {
+	entered, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	free = func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	return entered, release, free
+}
+
+// TestAtomicCommitsOnce: with Config.Atomic, the claim opens the request's
+// transaction, and the handler's write and the stored response commit in
+// it: one commit for the request, where the claim committed on its own
+// before. The record is the same as without Atomic, and so is the replay.
+func TestAtomicCommitsOnce(t *testing.T) {
+	s, counter := newAtomicServer(t, idemhttp.Config{})
+	before := counter.Counts()
+	first := s.post("/v1/charges", "k1", "acme", `{"amount": 100}`)
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+	got := counter.Counts().Sub(before)
+	require.EqualValues(t, 1, got.Commits, "one commit for the claim, the handler's write and the response: %+v", got)
+	require.EqualValues(t, 3, got.RoundTrips(), "BEGIN with the claim, the handler's insert, the response with the COMMIT: %+v", got)
+	require.Equal(t, 1, s.rows())
+
+	replay := s.post("/v1/charges", "k1", "acme", `{"amount": 100}`)
+	require.Equal(t, first.status, replay.status)
+	require.Equal(t, first.body, replay.body)
+	require.Equal(t, "true", replay.header.Get(idemhttp.ReplayedHeader))
+	require.EqualValues(t, 1, s.runs.Load())
+	require.Equal(t, 1, s.rows())
+
+	var status string
+	var entries int
+	require.NoError(t, s.db.QueryRow(context.Background(), `SELECT status, jsonb_array_length(history->'entries')
+		FROM onceflow_keys WHERE tenant_id = 'acme' AND key = 'k1'`).Scan(&status, &entries))
+	require.Equal(t, "completed", status)
+	require.Equal(t, 2, entries, "claimed, completed")
+}
+
+// TestAtomicDuplicateIsRefusedAtOnce: while an Atomic handler runs, its key
+// has no committed record, but the key's lock, held by the request's
+// transaction, answers a duplicate 409 at once; once the first answered,
+// the duplicate gets its stored response.
+func TestAtomicDuplicateIsRefusedAtOnce(t *testing.T) {
+	s, _ := newAtomicServer(t, idemhttp.Config{})
+	entered, release, free := held(t)
+	var calls atomic.Int32
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			close(entered)
+			<-release
+		}
+		s.charge(w, r)
+	}
+	done := make(chan reply, 1)
+	go func() { done <- s.post("/v1/charges", "k1", "acme", `{"amount": 100}`) }()
+	<-entered
+
+	var dup reply
+	waits := dbtest.LockWaits(t, s.db, func() { dup = s.post("/v1/charges", "k1", "acme", `{"amount": 100}`) })
+	require.Equal(t, http.StatusConflict, dup.status, dup.body)
+	require.NotEmpty(t, dup.header.Get("Retry-After"))
+	require.Zero(t, waits, "the duplicate waited on a lock")
+	free()
+	first := <-done
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+
+	again := s.post("/v1/charges", "k1", "acme", `{"amount": 100}`)
+	require.Equal(t, first.body, again.body)
+	require.EqualValues(t, 1, calls.Load(), "the handler ran once")
+	require.Equal(t, 1, s.rows())
+}
+
+// TestAtomicFailureLeavesNothing: an Atomic request whose response is not
+// stored (a 500, a panic) rolls back its claim with the handler's writes:
+// no record, no row, and the retry runs the handler afresh.
+func TestAtomicFailureLeavesNothing(t *testing.T) {
+	s, _ := newAtomicServer(t, idemhttp.Config{})
+	var fail atomic.Bool
+	fail.Store(true)
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		if fail.Load() {
+			tx, err := idemhttp.Tx(r.Context())
+			if err == nil {
+				_, err = tx.Exec(r.Context(), `INSERT INTO charges (body) VALUES ('failed')`)
+			}
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusTeapot) // stored: fails the test
+				return
+			}
+			if strings.Contains(r.URL.Path, "refunds") {
+				panic("handler bug")
+			}
+			http.Error(w, "downstream is down", http.StatusInternalServerError)
+			return
+		}
+		s.charge(w, r)
+	}
+	for _, path := range []string{"/v1/charges", "/v1/refunds"} {
+		failed := s.post(path, "k-"+path, "acme", `{"amount": 100}`)
+		require.Equal(t, http.StatusInternalServerError, failed.status, path)
+	}
+	require.Zero(t, s.rows(), "the handler's writes rolled back")
+	var keys int
+	require.NoError(t, s.db.QueryRow(context.Background(), `SELECT count(*) FROM onceflow_keys`).Scan(&keys))
+	require.Zero(t, keys, "no record: the claims rolled back")
+
+	fail.Store(false)
+	done := s.post("/v1/charges", "k-/v1/charges", "acme", `{"amount": 100}`)
+	require.Equal(t, http.StatusCreated, done.status, done.body)
+	require.Equal(t, 1, s.rows())
+}
+
+// TestAtomicStreamsAnOversizedResponseWithoutTx: an Atomic handler that
+// never called Tx and answers more than MaxResponse has its response
+// streamed, as without Atomic; nothing is kept.
+func TestAtomicStreamsAnOversizedResponseWithoutTx(t *testing.T) {
+	s, _ := newAtomicServer(t, idemhttp.Config{MaxResponse: 10})
+	big := strings.Repeat("x", 100)
+	s.handle = func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte(big)) }
+	got := s.post("/v1/charges", "k1", "acme", `{}`)
+	require.Equal(t, http.StatusOK, got.status)
+	require.Equal(t, big, got.body)
+	var keys int
+	require.NoError(t, s.db.QueryRow(context.Background(), `SELECT count(*) FROM onceflow_keys`).Scan(&keys))
+	require.Zero(t, keys)
+}
+
+// TestAtomicLosesToALocklessClaim: a build from before migration 0014,
+// during a rolling deploy, claims without the key's lock, so it can
+// commit a record for the key while an Atomic handler runs. The handler's
+// response then cannot be stored: its writes roll back, and the client is
+// told to retry, which gets the other claim's answer.
+func TestAtomicLosesToALocklessClaim(t *testing.T) {
+	s, _ := newAtomicServer(t, idemhttp.Config{})
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		if _, err := s.db.Exec(r.Context(), `INSERT INTO onceflow_keys (tenant_id, key, id, workflow, request_hash, owner, locked_until)
+			VALUES ('acme', 'k1', gen_random_uuid(), 'POST /v1/charges', '\x00', gen_random_uuid(), clock_timestamp() + interval '1 minute')`); err != nil {
+			http.Error(w, err.Error(), http.StatusTeapot)
+			return
+		}
+		s.charge(w, r)
+	}
+	got := s.post("/v1/charges", "k1", "acme", `{}`)
+	require.Equal(t, http.StatusConflict, got.status, got.body)
+	require.Zero(t, s.rows(), "the handler's write rolled back")
+}
+
+// TestAtomicHoldsNoLease: an Atomic handler that outlives the lease is
+// not cut off, and no other request takes its key meanwhile: no record is
+// committed for a lease to expire on; the key's lock holds it.
+func TestAtomicHoldsNoLease(t *testing.T) {
+	lease := 50 * time.Millisecond
+	s, _ := newAtomicServer(t, idemhttp.Config{Lease: lease})
+	entered, release, free := held(t)
+	var (
+		calls atomic.Int32
+		cut   atomic.Bool
+	)
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			close(entered)
+			<-release
+			cut.Store(r.Context().Err() != nil)
+		}
+		s.charge(w, r)
+	}
+	done := make(chan reply, 1)
+	go func() { done <- s.post("/v1/charges", "k1", "acme", `{}`) }()
+	<-entered
+	var dbNow, until time.Time
+	require.NoError(t, s.db.QueryRow(context.Background(), `SELECT clock_timestamp(), clock_timestamp() + $1::interval`,
+		(3*lease).String()).Scan(&dbNow, &until))
+	for dbNow.Before(until) { // three leases by the database clock
+		require.NoError(t, s.db.QueryRow(context.Background(), `SELECT clock_timestamp() FROM pg_sleep(0.01)`).Scan(&dbNow))
+	}
+	dup := s.post("/v1/charges", "k1", "acme", `{}`)
+	require.Equal(t, http.StatusConflict, dup.status, dup.body)
+	free()
+	require.Equal(t, http.StatusCreated, (<-done).status)
+	require.False(t, cut.Load(), "the handler's context is not cut by the lease")
+	require.EqualValues(t, 1, calls.Load())
+}
