@@ -89,11 +89,11 @@ func checkoutFloorKeyed(db *pgxpool.Pool, k *keyRecord) op {
 	return func(ctx context.Context, i int64) error {
 		var id int64
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-			if err := k.insert(ctx, tx, i, []byte(`{"amount":100}`)); err != nil {
+			if err := tx.QueryRow(ctx, `INSERT INTO bench_orders (key, amount, status) VALUES ($1, 100, 'new') RETURNING id`,
+				fmt.Sprintf("f%d", i)).Scan(&id); err != nil {
 				return err
 			}
-			return tx.QueryRow(ctx, `INSERT INTO bench_orders (key, amount, status) VALUES ($1, 100, 'new') RETURNING id`,
-				fmt.Sprintf("f%d", i)).Scan(&id)
+			return k.insert(ctx, tx, i, []byte(`{"amount":100}`), fmt.Appendf(nil, `{"order_id":%d}`, id))
 		})
 		if err != nil {
 			return err
@@ -197,7 +197,11 @@ func countPerOp(ctx context.Context, srv *server, db *database, n int, label str
 	onceRT, floorRT := perOp(once.traced.RoundTrips()), perOp(floor2.traced.RoundTrips())
 	return []Result{
 		{Figure: label + ": commits per workflow (xact_commit)", Onceflow: once.xact, Floor: floor2.xact, Ratio: once.xact,
-			Target: "= 2 (atomic phases)", Pass: within(once.xact, 2, 0.02),
+			// The server's count includes its own background transactions
+			// (autovacuum, say), which land on either side: onceflow's may
+			// exceed the floor's by the tolerance, and its traced count,
+			// the transactions it committed, must be exactly 2.
+			Target: "= 2 (atomic phases)", Pass: within(perOp(once.traced.Commits), 2, 0) && once.xact <= floor2.xact+0.02,
 			Note: fmt.Sprintf("traced: %.2f vs %.2f", perOp(once.traced.Commits), perOp(floor2.traced.Commits))},
 		{Figure: label + ": round trips per workflow", Onceflow: onceRT, Floor: floorRT, Ratio: onceRT - floorRT,
 			Target: "≤ floor + 2", Pass: onceRT <= floorRT+2, Note: "ratio column: onceflow − floor"},
@@ -326,6 +330,12 @@ func duplicatesCase(ctx context.Context, srv *server, cfg Config) ([]Result, err
 		}
 		return losers, most
 	}
+	// A first race, not counted, opens the pool's connections: what the
+	// figure measures is a duplicate's answer, not a new backend's start.
+	warm := define("dup_warm", 0)
+	if _, warmMost := race(warm, 1); warmMost != 1 {
+		return nil, fmt.Errorf("64 concurrent duplicates: %d executions of one key while warming up", warmMost)
+	}
 	losers, most := race(define("dup", 0), rounds)
 	slowLosers, slowMost := race(define("dup_slow", slowPhase), slowRounds)
 	most = max(most, slowMost)
@@ -333,7 +343,7 @@ func duplicatesCase(ctx context.Context, srv *server, cfg Config) ([]Result, err
 	return []Result{
 		{Figure: "64 concurrent duplicates: executions per key", Onceflow: float64(most), Ratio: float64(most),
 			Target: "= 1", Pass: most == 1, Note: fmt.Sprintf("%d + %d rounds", rounds, slowRounds)},
-		{Figure: "64 concurrent duplicates: losers' p99", Onceflow: p99, Unit: "ms", Ratio: p99, Target: "reported", Pass: true,
+		{Figure: "64 concurrent duplicates: losers' p99", Onceflow: p99, Unit: "ms", Ratio: p99, Target: "≤ 100 ms", Pass: p99 <= 100,
 			Note: "a loser gets 409 (in flight) or, once the winner committed, the replay"},
 		{Figure: "64 duplicates, first phase 2 s: losers' p99", Onceflow: slowP99, Unit: "ms", Ratio: slowP99,
 			Target: "≤ 100 ms", Pass: slowP99 <= 100, Note: "a loser must not wait for the winner's first phase"},

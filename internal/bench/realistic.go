@@ -137,17 +137,14 @@ func realisticFloor(db *pgxpool.Pool, prefix string, k *keyRecord) op {
 		cart := cartFor(i)
 		var id int64
 		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) (err error) {
-			if k != nil {
-				request, err := json.Marshal(cart)
-				if err != nil {
-					return err
-				}
-				if err := k.insert(ctx, tx, i, request); err != nil {
-					return err
-				}
+			if id, err = placeOrder(ctx, tx, key, cart); err != nil || k == nil {
+				return err
 			}
-			id, err = placeOrder(ctx, tx, key, cart)
-			return err
+			request, err := json.Marshal(cart)
+			if err != nil {
+				return err
+			}
+			return k.insert(ctx, tx, i, request, fmt.Appendf(nil, `{"order_id":%d}`, id))
 		})
 		if err != nil {
 			return err
