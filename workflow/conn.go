@@ -108,9 +108,10 @@ const keptFor = 5 * time.Millisecond
 // transaction is ended by the next pipelined claim, whose batch starts
 // with the ROLLBACK: a replay in a steady stream of claims costs one round
 // trip. The transaction holds no snapshot between statements (READ
-// COMMITTED) and no lock, so keeping it for keptFor delays nothing else;
-// the connection keeps its place at the gate meanwhile, and acquire takes
-// it before waiting at the gate.
+// COMMITTED) and no row lock; the ACCESS SHARE lock its read took on
+// onceflow_keys delays only DDL on the table (a migration), by keptFor at
+// most. The connection keeps its place at the gate meanwhile, and acquire
+// takes it before waiting at the gate.
 type keptConn struct {
 	mu    sync.Mutex
 	conn  *workConn
