@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/idemhttp"
@@ -219,4 +220,33 @@ func TestAtomicHoldsNoLease(t *testing.T) {
 	require.Equal(t, http.StatusCreated, (<-done).status)
 	require.False(t, cut.Load(), "the handler's context is not cut by the lease")
 	require.EqualValues(t, 1, calls.Load())
+}
+
+// TestAtomicOnAReadOnlyServer: TestMiddlewareOnAReadOnlyServer with
+// Config.Atomic. Since migration 0019 the claim that opens an Atomic
+// request's transaction writes nothing for a new key (it takes the key's
+// advisory lock and reads), so a standby (default_transaction_read_only,
+// or a hot standby, where advisory locks work) lets it through: the
+// handler runs, its write through Tx is refused with 25006, the handler
+// answers 500 (not stored) and the middleware never sees a write refused
+// as read-only. The request is not the promised 503 with Retry-After, and
+// the pool is never reset: once the primary takes writes again, every
+// request on the pool's old connections still fails.
+func TestAtomicOnAReadOnlyServer(t *testing.T) {
+	t.Parallel()
+	url := dbtest.DirectURL(t, dbtest.NewDatabase(t, dbtest.Options{}))
+	pool := dbtest.Connect(t, url, 2)
+	s := newServerOn(t, pool, idemhttp.Config{Atomic: true}, nil)
+
+	dbtest.SetReadOnly(t, url, true)
+	pool.Reset() // the pool's connections now land on a "standby"
+	refused := s.post("/v1/charges", "k1", "acme", `{"amount": 1}`)
+	assert.Equal(t, http.StatusServiceUnavailable, refused.status, refused.body)
+	assert.Equal(t, "1", refused.header.Get("Retry-After"))
+	assert.Zero(t, s.runs.Load(), "nothing runs without the key's protection")
+
+	dbtest.SetReadOnly(t, url, false) // the new primary
+	done := s.post("/v1/charges", "k1", "acme", `{"amount": 1}`)
+	require.Equal(t, http.StatusCreated, done.status, "a connection still on the read-only server was reused: %s", done.body)
+	require.Equal(t, 1, s.rows())
 }
