@@ -2,9 +2,12 @@ package workflow_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/dbtest"
@@ -88,4 +91,53 @@ func TestAnotherDatabaseReadOnlyKeepsThePool(t *testing.T) {
 	_, err = wf.Run(ctx, e, workflow.Key{Tenant: "acme", ID: "k1"}, order)
 	require.NoError(t, err)
 	require.Equal(t, made, db.Stat().NewConnsCount(), "the engine's pool was reset for another database's refusal")
+}
+
+// TestReadOnlyServerResetsThePoolWhenTheFirstPhaseHidesTheError:
+// TestReadOnlyServerResetsThePool with a first atomic phase that reports
+// its write's failure in words of its own (fmt.Errorf with %v, a
+// validation error, a domain error), as many do. Until migration 0019 the
+// claim folded into that phase inserted the record, and its 25006 reset
+// the pool whatever the phase did. Now the claim writes nothing for a new
+// key (it reads and takes the advisory lock, both allowed on a standby),
+// the phase's own 25006 is the only refusal, and the engine's re-claim
+// after the rollback, which does hit 25006, swallows it
+// (recordAfterRollback). The run is a 500-class step error, not
+// unavailable, and the pool stays on the read-only server: the retry once
+// the database takes writes again fails too.
+func TestReadOnlyServerResetsThePoolWhenTheFirstPhaseHidesTheError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := dbtest.DirectURL(t, dbtest.NewDatabase(t, dbtest.Options{}))
+	setup := dbtest.Connect(t, url, 1)
+	_, err := setup.Exec(ctx, testapp.Schema)
+	require.NoError(t, err)
+	setup.Close()
+
+	db := dbtest.Connect(t, url, 2)
+	e, err := workflow.NewEngine(db, workflow.Config{})
+	require.NoError(t, err)
+	wf := workflow.Define("create_only",
+		atomicStep("create_order", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, Paid]) error {
+			if err := tx.QueryRow(ctx, `INSERT INTO orders (tenant, key, customer, amount, status) VALUES ($1, $2, $3, $4, 'created') RETURNING id`,
+				r.Key.Tenant, r.Key.ID, r.Request.Customer, r.Request.Amount).Scan(&r.State.OrderID); err != nil {
+				return fmt.Errorf("could not create the order: %v", err)
+			}
+			return nil
+		}),
+		foreignStep("notify", func() error { return nil }),
+	).Finish(func(*Paid) workflow.Response { return workflow.JSON(201, nil) })
+
+	_, err = wf.Run(ctx, e, workflow.Key{Tenant: "acme", ID: "before-the-failover"}, order)
+	require.NoError(t, err) // the definition is saved, as in a process that ran before the failover
+
+	dbtest.SetReadOnly(t, url, true)
+	db.Reset() // the pool's connections now land on a "standby"
+	_, err = wf.Run(ctx, e, acme, order)
+	require.Error(t, err)
+	assert.True(t, recovery.Unavailable(err), "answered 503, the pool reset: %v", err)
+
+	dbtest.SetReadOnly(t, url, false) // the new primary
+	_, err = wf.Run(ctx, e, acme, order)
+	require.NoError(t, err, "a connection still on the read-only server was reused")
 }
