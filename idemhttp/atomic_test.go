@@ -2,6 +2,7 @@ package idemhttp_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -249,4 +250,71 @@ func TestAtomicOnAReadOnlyServer(t *testing.T) {
 	done := s.post("/v1/charges", "k1", "acme", `{"amount": 1}`)
 	require.Equal(t, http.StatusCreated, done.status, "a connection still on the read-only server was reused: %s", done.body)
 	require.Equal(t, 1, s.rows())
+}
+
+// TestTxUsedAfterTheHandlerReturnedIsRefused: a handler that keeps its
+// Tx past its return (a goroutine it started, a deferred log write) must
+// be refused: Tx's doc says not to, and a late write cannot be part of the
+// stored response's transaction. Nothing refuses it. With Atomic, Tx is an
+// opentx.Tx on the claim's *pgx.Conn, which knows nothing of the commit;
+// without, it is a pgx.Tx whose COMMIT the middleware sent as a statement
+// (CompleteAndCommit's batch), so pgx never marked it closed. Either way,
+// once the connection is back in the pool, the late statement runs on
+// whatever transaction is open there, here the next request's, for another
+// key, and commits (or rolls back) with that request, with no error to
+// the writer.
+func TestTxUsedAfterTheHandlerReturnedIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, atomic := range []bool{true, false} {
+		t.Run(fmt.Sprintf("atomic=%v", atomic), func(t *testing.T) { testTxUsedAfterTheHandlerReturned(t, atomic) })
+	}
+}
+
+func testTxUsedAfterTheHandlerReturned(t *testing.T, atomic bool) {
+	t.Parallel()
+	url := dbtest.NewDatabase(t, dbtest.Options{})
+	pool := dbtest.Connect(t, url, 1) // one connection: the next request gets the same one
+	check := dbtest.Connect(t, url, 1)
+	s := newServerOn(t, pool, idemhttp.Config{Atomic: atomic}, nil)
+	ctx := context.Background()
+
+	late, lateErr := make(chan struct{}), make(chan error, 1)
+	inB, lateDone := make(chan struct{}), make(chan struct{})
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		tx, err := idemhttp.Tx(r.Context())
+		if err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		if r.Header.Get("Idempotency-Key") == "a" {
+			if _, err := tx.Exec(r.Context(), `INSERT INTO charges (body) VALUES ('a')`); err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			go func() { // keeps tx past the handler's return
+				<-late
+				_, err := tx.Exec(context.Background(), `INSERT INTO charges (body) VALUES ('a, late')`)
+				lateErr <- err
+			}()
+			w.WriteHeader(http.StatusCreated)
+			return
+		}
+		close(inB) // b's transaction is open on the pool's one connection
+		<-lateDone
+		w.WriteHeader(http.StatusCreated)
+	}
+	require.Equal(t, http.StatusCreated, s.post("/v1/charges", "a", "acme", `{}`).status)
+
+	b := make(chan reply, 1)
+	go func() { b <- s.post("/v1/charges", "b", "acme", `{}`) }()
+	<-inB
+	close(late)
+	err := <-lateErr
+	close(lateDone)
+	require.Equal(t, http.StatusCreated, (<-b).status)
+
+	var lateRows int
+	require.NoError(t, check.QueryRow(ctx, `SELECT count(*) FROM charges WHERE body = 'a, late'`).Scan(&lateRows))
+	require.Zero(t, lateRows, "request a's late write was committed by request b's transaction")
+	require.Error(t, err, "a's Tx was used after its handler returned and nothing refused it")
 }
