@@ -145,9 +145,11 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m.serve(w, r, rec, sent, open)
 }
 
-// beginSQL opens the transaction an Atomic claim opens: READ COMMITTED,
-// whatever the server's default, as the handler's transaction otherwise
-// is (readCommitted).
+// beginSQL opens the handler's transaction, with its first statement or
+// with an Atomic claim: READ COMMITTED, whatever the server's default, so
+// that the completion that commits with it sees the lease renewals made
+// while the handler ran, which a REPEATABLE READ snapshot taken before
+// them would refuse with a serialization failure.
 const beginSQL = "begin isolation level read committed"
 
 // claimOpening claims p for an Atomic handler: BEGIN and the claim in one
@@ -371,16 +373,10 @@ type txHolder struct {
 	db      workflow.DB
 	timeout time.Duration // bounds taking a connection and beginning
 	conn    *pgxpool.Conn
-	tx      pgx.Tx
+	tx      *opentx.Tx
 	lent    bool  // the handler got the transaction
 	closed  error // why no transaction may begin any more; nil while one may
 }
-
-// readCommitted is the handler's transaction's isolation, whatever the
-// server's default: the completion that commits with it must see the
-// lease renewals made while the handler ran, which a REPEATABLE READ
-// snapshot taken before them would refuse with a serialization failure.
-var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 
 // get returns the transaction, beginning it on first use.
 func (t *txHolder) get(ctx context.Context) (pgx.Tx, error) {
@@ -390,18 +386,14 @@ func (t *txHolder) get(ctx context.Context) (pgx.Tx, error) {
 		return nil, t.closed
 	}
 	if t.tx == nil {
-		beginCtx, cancel := context.WithTimeout(ctx, t.timeout)
+		acquireCtx, cancel := context.WithTimeout(ctx, t.timeout)
 		defer cancel()
-		conn, err := t.db.Acquire(beginCtx)
+		conn, err := t.db.Acquire(acquireCtx)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", recovery.ErrUnavailable, err)
 		}
-		tx, err := conn.BeginTx(beginCtx, readCommitted)
-		if err != nil {
-			conn.Release()
-			return nil, err
-		}
-		t.conn, t.tx = conn, tx
+		// The BEGIN goes with the handler's first statement.
+		t.conn, t.tx = conn, opentx.New(conn.Conn(), beginSQL)
 	}
 	t.lent = true
 	return t.tx, nil
@@ -414,12 +406,20 @@ func (t *txHolder) get(ctx context.Context) (pgx.Tx, error) {
 func (t *txHolder) end(ctx context.Context, commit func(*pgxpool.Conn) error) error {
 	t.mu.Lock()
 	t.closed = errTxDone
-	conn := t.conn
+	conn, tx := t.conn, t.tx
 	t.conn, t.tx = nil, nil
 	t.mu.Unlock()
+	if tx != nil {
+		tx.End() // a Tx the handler kept is refused from now on
+	}
 	var err error
 	if commit != nil {
-		err = commit(conn)
+		if tx != nil {
+			err = tx.Open(ctx) // the handler sent nothing in it: the BEGIN is still to go
+		}
+		if err == nil {
+			err = commit(conn)
+		}
 	}
 	if conn != nil {
 		if commit == nil || err != nil {
@@ -431,9 +431,12 @@ func (t *txHolder) end(ctx context.Context, commit func(*pgxpool.Conn) error) er
 }
 
 // Tx returns the transaction in which the middleware stores the handler's
-// response, beginning it on first use: writes made in it commit together
-// with the stored response, or not at all. Do not commit or roll it back,
-// and do not use it after the handler returned.
+// response, beginning it on first use (its BEGIN goes with the first
+// statement): writes made in it commit together with the stored response,
+// or not at all. The middleware ends it: its Commit and Rollback, and a
+// statement that would end it, return an error (return an error status to
+// roll it back), and once the handler returned, every call returns
+// pgx.ErrTxClosed. Savepoints (its Begin) work as in any pgx.Tx.
 func Tx(ctx context.Context) (pgx.Tx, error) {
 	t, ok := ctx.Value(txKey{}).(*txHolder)
 	if !ok {

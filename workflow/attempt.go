@@ -886,6 +886,7 @@ func (a *attempt[Req, State]) beginHeld(ctx context.Context, step string) error 
 // connection back.
 func (a *attempt[Req, State]) commitWith(ctx context.Context, commit func(seam.Conn) error) error {
 	sent := time.Now()
+	a.tx.End()            // the phase's turn is over
 	err := a.tx.Open(ctx) // a phase that sent no statement
 	if err == nil {
 		err = commit(a.conn)
@@ -941,6 +942,7 @@ func (a *attempt[Req, State]) beforeCommit(ctx context.Context, step string) err
 
 // commit commits the open transaction on its own.
 func (a *attempt[Req, State]) commit(ctx context.Context) error {
+	a.tx.End()
 	err := a.tx.Open(ctx)
 	if err == nil {
 		_, err = a.conn.Exec(ctx, "commit")
@@ -959,6 +961,9 @@ func (a *attempt[Req, State]) commit(ctx context.Context) error {
 // nothing committed either, and the pool drops a connection left in a
 // transaction.
 func (a *attempt[Req, State]) rollback() {
+	if a.tx != nil {
+		a.tx.End()
+	}
 	if a.conn != nil {
 		_, _ = a.conn.Exec(context.Background(), "rollback")
 		a.conn.Release()

@@ -425,6 +425,20 @@ var mutants = []Mutant{
 		Pkg: "./internal/pgha", Run: "^TestFormationFailover$",
 	},
 	{
+		Name:   "deferred-claim-on-read-only",
+		Breaks: "a claim that leaves its insert to the first phase goes through on a read-only server, so the phase runs, its write is refused in its own words, and the pool stays on the standby",
+		Edits: []Edit{{File: "migrations/sql/0019_claim_defers_insert.up.sql",
+			Old: "    IF current_setting('transaction_read_only') = 'on' THEN", New: "    IF false THEN"}},
+		Pkg: "./idemhttp", Run: "^TestAtomicOnAReadOnlyServer$",
+	},
+	{
+		Name:   "stale-tx-accepted",
+		Breaks: "a transaction lent to a phase or handler still takes statements after its turn, which land in whatever transaction is open on its connection by then",
+		Edits: []Edit{{File: "internal/opentx/opentx.go",
+			Old: "\tif t.over {\n", New: "\tif false && t.over {\n"}},
+		Pkg: "./workflow", Run: "^TestPhaseTxUsedAfterThePhaseReturnedIsRefused$",
+	},
+	{
 		Name:   "read-only-pool-kept",
 		Breaks: "a pool whose connections are on a read-only server (a standby after a failover) is not reset",
 		Edits: []Edit{{File: "recovery/unavailable.go",

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -32,6 +33,34 @@ type Tx struct {
 	begin     string
 	savepoint int
 	lobs      pgx.Tx // for LargeObjects, made on first use
+
+	// mu is held by each call of the borrower's, and over is set by End:
+	// a borrower that kept the Tx past its turn (a goroutine it started)
+	// gets pgx.ErrTxClosed instead of writing into whatever transaction is
+	// open on the connection by then, another request's.
+	mu   sync.Mutex
+	over bool
+}
+
+// End refuses every later call of the borrower's with pgx.ErrTxClosed,
+// after waiting for a call in progress. The owner calls it once the
+// borrower's turn is over, before it ends the transaction and hands the
+// connection back. Open stays the owner's.
+func (t *Tx) End() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.over = true
+}
+
+// use takes t for one call of the borrower's; done gives it back. It
+// fails once End was called.
+func (t *Tx) use() (done func(), err error) {
+	t.mu.Lock()
+	if t.over {
+		t.mu.Unlock()
+		return nil, pgx.ErrTxClosed
+	}
+	return t.mu.Unlock, nil
 }
 
 // New returns the Tx for the transaction open on conn, or, when begin is
@@ -80,6 +109,11 @@ func (t *Tx) withBegin(ctx context.Context, sql string, args []any) (pgx.BatchRe
 }
 
 func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
+	done, err := t.use()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if err := t.Open(ctx); err != nil {
 		return nil, err
 	}
@@ -95,6 +129,11 @@ func (t *Tx) Commit(context.Context) error   { return ErrOwnerEnds }
 func (t *Tx) Rollback(context.Context) error { return ErrOwnerEnds }
 
 func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	done, err := t.use()
+	if err != nil {
+		return 0, err
+	}
+	defer done()
 	if err := t.Open(ctx); err != nil {
 		return 0, err
 	}
@@ -102,6 +141,11 @@ func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []strin
 }
 
 func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	done, err := t.use()
+	if err != nil {
+		return errBatch{err: err}
+	}
+	defer done()
 	for _, q := range b.QueuedQueries {
 		if endsTransaction(q.SQL) {
 			return errBatch{err: ErrOwnerEnds}
@@ -122,6 +166,11 @@ func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 // LargeObjects works on the transaction; the first call costs a
 // round trip.
 func (t *Tx) LargeObjects() pgx.LargeObjects {
+	done, err := t.use()
+	if err != nil {
+		return pgx.LargeObjects{}
+	}
+	defer done()
 	if t.lobs == nil {
 		if err := t.Open(context.Background()); err != nil {
 			return pgx.LargeObjects{}
@@ -136,6 +185,11 @@ func (t *Tx) LargeObjects() pgx.LargeObjects {
 }
 
 func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	done, err := t.use()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if endsTransaction(sql) {
 		return nil, ErrOwnerEnds
 	}
@@ -143,6 +197,11 @@ func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDe
 }
 
 func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	done, err := t.use()
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	defer done()
 	if endsTransaction(sql) {
 		return pgconn.CommandTag{}, ErrOwnerEnds
 	}
@@ -164,6 +223,11 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandT
 }
 
 func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	done, err := t.use()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if endsTransaction(sql) {
 		return nil, ErrOwnerEnds
 	}
@@ -174,6 +238,11 @@ func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, erro
 }
 
 func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	done, err := t.use()
+	if err != nil {
+		return errRow{err}
+	}
+	defer done()
 	if endsTransaction(sql) {
 		return errRow{ErrOwnerEnds}
 	}
@@ -203,8 +272,13 @@ func (s *savepointTx) Commit(ctx context.Context) error {
 	if s.closed {
 		return pgx.ErrTxClosed
 	}
+	done, err := s.use()
+	if err != nil {
+		return err
+	}
+	defer done()
 	s.closed = true
-	_, err := s.conn.Exec(ctx, "release savepoint "+s.name)
+	_, err = s.conn.Exec(ctx, "release savepoint "+s.name)
 	return err
 }
 
@@ -212,8 +286,13 @@ func (s *savepointTx) Rollback(ctx context.Context) error {
 	if s.closed {
 		return pgx.ErrTxClosed
 	}
+	done, err := s.use()
+	if err != nil {
+		return err
+	}
+	defer done()
 	s.closed = true
-	_, err := s.conn.Exec(ctx, "rollback to savepoint "+s.name)
+	_, err = s.conn.Exec(ctx, "rollback to savepoint "+s.name)
 	return err
 }
 

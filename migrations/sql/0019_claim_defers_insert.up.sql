@@ -66,6 +66,14 @@ BEGIN
         RETURN;
     END IF;
 
+    -- What this claim writes is written by the phase; on a server that
+    -- refuses writes (a standby a failover left the connection on) it
+    -- is refused here, as onceflow_claim's insert is, before anything
+    -- runs, so that the caller answers 503 and resets its pool.
+    IF current_setting('transaction_read_only') = 'on' THEN
+        RAISE EXCEPTION 'cannot claim a key in a read-only transaction'
+            USING ERRCODE = 'read_only_sql_transaction';
+    END IF;
     PERFORM {schema}.onceflow_lock_key(p_tenant, p_key);
     SELECT * INTO existing FROM {schema}.onceflow_keys k WHERE k.tenant_id = p_tenant AND k.key = p_key;
     IF FOUND THEN
