@@ -7,6 +7,10 @@
 // free loopback port, favours speed over durability (fsync off: it has
 // nothing to keep) and is removed, data and all, by the stop function.
 // It is not for production: give a deployed program its database's URL.
+// Each process that calls URL without ONCEFLOW_DATABASE_URL gets a server
+// of its own: to run two processes against one database (two instances
+// behind a load balancer, say), start one and give both its URL in
+// ONCEFLOW_DATABASE_URL.
 package devdb
 
 import (

@@ -2,6 +2,7 @@ package idemhttp_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -317,4 +320,122 @@ func testTxUsedAfterTheHandlerReturned(t *testing.T, atomic bool) {
 	require.NoError(t, check.QueryRow(ctx, `SELECT count(*) FROM charges WHERE body = 'a, late'`).Scan(&lateRows))
 	require.Zero(t, lateRows, "request a's late write was committed by request b's transaction")
 	require.Error(t, err, "a's Tx was used after its handler returned and nothing refused it")
+}
+
+// TestAtomicStreamingReleasesItsConnection: an Atomic handler that never
+// called Tx and answers more than MaxResponse has its answer streamed, not
+// stored: the claim's transaction is rolled back and its connection
+// released as the streaming starts, so that a slow reader holds no
+// connection.
+func TestAtomicStreamingReleasesItsConnection(t *testing.T) {
+	s, _ := newAtomicServer(t, idemhttp.Config{MaxResponse: 10})
+	entered, release, free := held(t)
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(strings.Repeat("x", 100))) // over MaxResponse: streamed from here
+		close(entered)
+		<-release
+		_, _ = w.Write([]byte("y"))
+	}
+	done := make(chan reply, 1)
+	go func() { done <- s.post("/v1/charges", "k1", "acme", `{}`) }()
+	<-entered
+	require.Zero(t, s.db.Stat().AcquiredConns(), "a connection is held while the answer streams")
+	free()
+	got := <-done
+	require.Equal(t, strings.Repeat("x", 100)+"y", got.body)
+}
+
+// TestAtomicHandlersTakingASecondConnection: Atomic requests hold a
+// connection through their handler; a handler that reads through the
+// pool besides its Tx takes a second. The middleware leaves the pool's
+// last connection to such reads (poolgate), so that requests as many as
+// the pool's connections, each waiting for a second, do not deadlock.
+func TestAtomicHandlersTakingASecondConnection(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.NewPool(t, 4)
+	s := newServerOn(t, pool, idemhttp.Config{Atomic: true}, nil)
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		// A deadlock would wait for ever: bounded, it fails the request.
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM charges`).Scan(&n); err != nil {
+			http.Error(w, "a second connection: "+err.Error(), http.StatusTeapot)
+			return
+		}
+		s.charge(w, r)
+	}
+	const requests = 8
+	answers := make(chan reply, requests)
+	for i := range requests {
+		go func() { answers <- s.post("/v1/charges", fmt.Sprintf("k%d", i), "acme", `{}`) }()
+	}
+	for range requests {
+		got := <-answers
+		require.Equal(t, http.StatusCreated, got.status, got.body)
+	}
+	require.Equal(t, requests, s.rows())
+}
+
+// TestCaughtStatementErrorIsNotStored: a handler that catches a failed
+// statement in Tx (a unique violation it answers 409) leaves the
+// transaction aborted, and PostgreSQL commits none of it: the answer
+// cannot be stored with its writes. It is 500, not stored, and not the
+// 503 "retry with the same key" of a storage failure, which every retry
+// would get again; in a savepoint (Tx's Begin) the caught error leaves the
+// transaction usable, and the 409 is stored and replayed.
+func TestCaughtStatementErrorIsNotStored(t *testing.T) {
+	t.Parallel()
+	for _, isAtomic := range []bool{false, true} {
+		t.Run(fmt.Sprintf("atomic=%v", isAtomic), func(t *testing.T) {
+			t.Parallel()
+			pool := dbtest.NewPool(t, 4)
+			s := newServerOn(t, pool, idemhttp.Config{Atomic: isAtomic}, nil)
+			_, err := pool.Exec(context.Background(), `CREATE TABLE names (name text PRIMARY KEY); INSERT INTO names VALUES ('taken')`)
+			require.NoError(t, err)
+			var savepoint atomic.Bool
+			s.handle = func(w http.ResponseWriter, r *http.Request) {
+				tx, err := idemhttp.Tx(r.Context())
+				if err != nil {
+					http.Error(w, err.Error(), http.StatusTeapot)
+					return
+				}
+				insert := func(tx interface {
+					Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+				}) error {
+					_, err := tx.Exec(r.Context(), `INSERT INTO names VALUES ('taken')`)
+					return err
+				}
+				if savepoint.Load() {
+					var sp pgx.Tx
+					sp, err = tx.Begin(r.Context())
+					if err == nil {
+						if err = insert(sp); err != nil {
+							err = errors.Join(err, sp.Rollback(r.Context()))
+						} else {
+							err = sp.Commit(r.Context())
+						}
+					}
+				} else {
+					err = insert(tx)
+				}
+				if err != nil {
+					http.Error(w, "name taken", http.StatusConflict)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+			}
+			for range 2 {
+				got := s.post("/v1/charges", "k1", "acme", `{}`)
+				require.Equal(t, http.StatusInternalServerError, got.status, got.body)
+				require.Contains(t, problemOf(t, got), "a statement in its transaction failed")
+			}
+			savepoint.Store(true)
+			got := s.post("/v1/charges", "k1", "acme", `{}`)
+			require.Equal(t, http.StatusConflict, got.status, got.body)
+			again := s.post("/v1/charges", "k1", "acme", `{}`)
+			require.Equal(t, got.body, again.body)
+			require.Equal(t, "true", again.header.Get(idemhttp.ReplayedHeader))
+		})
+	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/lease"
 	"github.com/onceflow/onceflow/internal/opentx"
+	"github.com/onceflow/onceflow/internal/poolgate"
 	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/internal/tracing"
 	"github.com/onceflow/onceflow/recovery"
@@ -67,6 +68,9 @@ func Middleware(db workflow.DB, cfg Config) (func(http.Handler) http.Handler, er
 	c := newCore(cfg.shared())
 	c.operation, c.dbTimeout, c.optional, c.observer = cfg.Operation, cfg.DBTimeout, cfg.KeyOptional, cfg.Observer
 	m := &middleware{core: c, db: db, store: store, stores: cfg.Store, maxResponse: cfg.MaxResponse, atomic: cfg.Atomic}
+	if cfg.Atomic {
+		m.gate = poolgate.New(db)
+	}
 	return func(next http.Handler) http.Handler {
 		h := *m
 		h.next = next
@@ -81,7 +85,10 @@ type middleware struct {
 	stores      func(status int) bool
 	maxResponse int64
 	atomic      bool // Config.Atomic: the claim opens the handler's transaction
-	next        http.Handler
+	// gate keeps the pool's last connection from Atomic requests, which
+	// hold one through their handler, for a handler that takes another.
+	gate poolgate.Gate
+	next http.Handler
 }
 
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -159,24 +166,30 @@ const beginSQL = "begin isolation level read committed"
 // in flight) the transaction, which wrote nothing, is rolled back off the
 // caller's path.
 func (m *middleware) claimOpening(ctx context.Context, p recovery.ClaimParams) (*recovery.Record, recovery.Outcome, *pgxpool.Conn, error) {
+	if err := m.gate.Enter(ctx); err != nil {
+		return nil, 0, nil, fmt.Errorf("%w: %w", recovery.ErrUnavailable, err)
+	}
 	conn, err := m.db.Acquire(ctx)
 	if err != nil {
+		m.gate.Leave()
 		return nil, 0, nil, fmt.Errorf("%w: %w", recovery.ErrUnavailable, err)
 	}
 	rec, outcome, err := seam.StoreOf(m.store).BeginAndClaim(ctx, conn, []string{beginSQL}, p)
 	if err != nil || outcome == recovery.OutcomeReplay {
-		go rollBack(conn)
+		go m.rollBack(conn)
 		return rec, outcome, nil, err
 	}
 	return rec, outcome, conn, nil
 }
 
-// rollBack ends conn's transaction without committing and releases conn.
-func rollBack(conn *pgxpool.Conn) {
+// rollBack ends the transaction of conn, an Atomic claim's connection,
+// without committing, releases conn and gives its place at the gate back.
+func (m *middleware) rollBack(conn *pgxpool.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	_, _ = conn.Exec(ctx, "rollback")
 	conn.Release()
+	m.gate.Leave()
 }
 
 // serve runs the handler for a claimed key, keeping its lease meanwhile
@@ -205,10 +218,19 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery
 	cleanupCtx, cancelCleanup := context.WithTimeout(context.WithoutCancel(r.Context()), cleanupTimeout)
 	defer cancelCleanup()
 	resp := out.response()
-	if outcome != returned || out.over || !m.stores(resp.Status) {
+	aborted := outcome == returned && t.aborted()
+	if outcome != returned || out.over || !m.stores(resp.Status) || aborted {
 		_ = t.end(cleanupCtx, nil) // rolls back, an Atomic claim with it; another claim is forgotten next
 		if open == nil {
 			m.forget(cleanupCtx, rec)
+		}
+		if aborted && m.stores(resp.Status) && !out.over {
+			m.logger.ErrorContext(r.Context(), "a statement failed in the handler's transaction, so its answer cannot be stored with its writes; "+
+				"run a statement whose error the handler answers in a savepoint (Tx's Begin)",
+				slog.String("operation", rec.Workflow), slog.Int("status", resp.Status))
+			writeProblem(w, &problem{status: http.StatusInternalServerError,
+				detail: "the request failed: a statement in its transaction failed; it may be retried"})
+			return
 		}
 		m.answerUnstored(w, r, out, outcome)
 		return
@@ -320,7 +342,7 @@ const (
 func (m *middleware) handle(w http.ResponseWriter, r *http.Request, open *pgxpool.Conn) (*recorder, *txHolder, handlerOutcome) {
 	t := &txHolder{db: m.db, timeout: m.dbTimeout}
 	if open != nil {
-		t.conn, t.tx = open, opentx.New(open.Conn(), "")
+		t.conn, t.tx, t.gate = open, opentx.New(open.Conn(), ""), m.gate
 	}
 	r = r.WithContext(context.WithValue(r.Context(), txKey{}, t))
 	out := &recorder{header: http.Header{}, limit: m.maxResponse, w: w, tx: t}
@@ -376,6 +398,9 @@ type txHolder struct {
 	tx      *opentx.Tx
 	lent    bool  // the handler got the transaction
 	closed  error // why no transaction may begin any more; nil while one may
+	// gate is the place an Atomic claim's connection holds, given back
+	// with the connection; nil for a transaction begun on first use.
+	gate poolgate.Gate
 }
 
 // get returns the transaction, beginning it on first use.
@@ -406,9 +431,10 @@ func (t *txHolder) get(ctx context.Context) (pgx.Tx, error) {
 func (t *txHolder) end(ctx context.Context, commit func(*pgxpool.Conn) error) error {
 	t.mu.Lock()
 	t.closed = errTxDone
-	conn, tx := t.conn, t.tx
-	t.conn, t.tx = nil, nil
+	conn, tx, gate := t.conn, t.tx, t.gate
+	t.conn, t.tx, t.gate = nil, nil, nil
 	t.mu.Unlock()
+	defer gate.Leave() // after the connection went back
 	if tx != nil {
 		tx.End() // a Tx the handler kept is refused from now on
 	}
@@ -446,17 +472,40 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 }
 
 // closeUnused refuses every later Tx and reports true when the handler got
-// no transaction; otherwise it changes nothing and reports false.
+// no transaction; otherwise it changes nothing and reports false. An
+// Atomic claim's transaction, which the handler did not use, is rolled back
+// then and its connection released: the response is streamed and not
+// stored, and a slow reader must not hold a connection meanwhile.
 func (t *txHolder) closeUnused() bool {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.lent {
+		t.mu.Unlock()
 		return false
 	}
 	if t.closed == nil {
 		t.closed = errTxStreamed
 	}
+	conn, tx, gate := t.conn, t.tx, t.gate
+	t.conn, t.tx, t.gate = nil, nil, nil
+	t.mu.Unlock()
+	if conn != nil {
+		tx.End()
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		_, _ = conn.Exec(ctx, "rollback")
+		conn.Release()
+		gate.Leave()
+	}
 	return true
+}
+
+// aborted reports whether a statement failed in the transaction, which
+// PostgreSQL then refuses to commit: the handler answered after an error
+// it caught.
+func (t *txHolder) aborted() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.conn != nil && t.conn.Conn().PgConn().TxStatus() == 'E'
 }
 
 // recorder buffers a handler's response, up to limit bytes of body. Past

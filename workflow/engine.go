@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/poolgate"
 	"github.com/onceflow/onceflow/internal/tracing"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/recovery"
@@ -176,8 +177,8 @@ func (cfg Config) validate() error {
 // use; several engines, in one process or many, may share a database.
 type Engine struct {
 	db          DB
-	gate        workGate // keeps a connection of db's for renewals (conn.go)
-	kept        keptConn // a replay's connection, its transaction open (conn.go)
+	gate        poolgate.Gate // keeps a connection of db's for renewals
+	kept        keptConn      // a replay's connection, its transaction open (conn.go)
 	store       *recovery.Store
 	lease       time.Duration
 	dbTimeout   time.Duration
@@ -251,7 +252,7 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		db:          db,
-		gate:        newWorkGate(db),
+		gate:        poolgate.New(db),
 		store:       store,
 		lease:       store.Lease(),
 		dbTimeout:   cfg.DBTimeout,

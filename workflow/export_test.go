@@ -14,7 +14,7 @@ func SetKeptFor(e *Engine, d time.Duration) {
 }
 
 // HoldWorkPlaces takes every connection e lets its attempts hold at once
-// (workGate), as attempts in their phases would, and returns how many it
+// (the engine's poolgate.Gate), as attempts in their phases would, and returns how many it
 // took and a function that gives them back.
 func HoldWorkPlaces(ctx context.Context, e *Engine) (int, func(), error) {
 	var held []*workConn

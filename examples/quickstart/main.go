@@ -109,7 +109,8 @@ func main() {
 			_, err = tx.Exec(r.Context(), `INSERT INTO notes (body) VALUES ($1)`, body)
 		}
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+			log.Printf("save a note: %v", err) // the client gets no internals
+			http.Error(w, "could not save the note", http.StatusInternalServerError)
 			return
 		}
 		w.WriteHeader(http.StatusCreated)

@@ -40,6 +40,28 @@ var mutants = []Mutant{
 		Pkg: "./idemhttp", Run: "^(TestAtomicCommitsOnce|TestAtomicDuplicateIsRefusedAtOnce)$",
 	},
 	{
+		Name:   "atomic-gate-missing",
+		Breaks: "Atomic requests may hold every connection of the pool, so handlers that each take a second one deadlock",
+		Edits: []Edit{{File: "idemhttp/middleware.go",
+			Old: "\t\tm.gate = poolgate.New(db)\n", New: "\t\tm.gate = nil\n"}},
+		Pkg: "./idemhttp", Run: "^TestAtomicHandlersTakingASecondConnection$",
+	},
+	{
+		Name:   "atomic-stream-holds-connection",
+		Breaks: "an Atomic response streamed past MaxResponse keeps its claim's transaction open, so a slow reader holds a connection",
+		Edits: []Edit{{File: "idemhttp/middleware.go",
+			Old: "\tconn, tx, gate := t.conn, t.tx, t.gate\n\tt.conn, t.tx, t.gate = nil, nil, nil\n\tt.mu.Unlock()\n\tif conn != nil {",
+			New: "\tconn, tx, gate := (*pgxpool.Conn)(nil), t.tx, t.gate\n\tt.mu.Unlock()\n\tif conn != nil {"}},
+		Pkg: "./idemhttp", Run: "^TestAtomicStreamingReleasesItsConnection$",
+	},
+	{
+		Name:   "aborted-transaction-answered-503",
+		Breaks: "a handler's answer after a failed statement in its transaction goes to storage, which PostgreSQL refuses, and is answered 503 'retry with the same key' at every retry",
+		Edits: []Edit{{File: "idemhttp/middleware.go",
+			Old: "aborted := outcome == returned && t.aborted()", New: "aborted := false && t.aborted()"}},
+		Pkg: "./idemhttp", Run: "^TestCaughtStatementErrorIsNotStored$",
+	},
+	{
 		Name:   "takeover-key-lock-not-taken",
 		Breaks: "a takeover takes no key lock, so a claim that read the lease it took over waits for the phase folded into its transaction",
 		Edits: []Edit{{File: "migrations/sql/0017_claim_key_lock.up.sql",
@@ -70,8 +92,8 @@ var mutants = []Mutant{
 	{
 		Name:   "no-connection-for-renewals",
 		Breaks: "attempts may take every connection of the pool, so renewals queue behind them",
-		Edits: []Edit{{File: "workflow/conn.go",
-			Old: "return make(workGate, n-1)", New: "return make(workGate, n)"}},
+		Edits: []Edit{{File: "internal/poolgate/poolgate.go",
+			Old: "return make(Gate, n-1)", New: "return make(Gate, n)"}},
 		Pkg: "./workflow", Run: "^(TestAttemptsLeaveAConnectionForRenewals|TestLeaseKeptWhileWaitingForAConnection)$",
 	},
 	{
