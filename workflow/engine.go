@@ -58,9 +58,10 @@ type Config struct {
 	// whole lease is cancelled. 0 means recovery.LeaseDefault (30s).
 	//
 	// The first atomic phase needs no heartbeat: its uncommitted claim holds
-	// the key's row lock, so a concurrent duplicate waits for that short
-	// transaction (rather than getting ErrInFlight at once) and then sees
-	// the record. Keep first phases short.
+	// the key's lock (migration 0017), and a new record is inserted only
+	// when the phase commits (0019), so no one can take the key over while
+	// it runs and a concurrent duplicate gets ErrInFlight at once. Keep
+	// first phases short: the key is held for as long as they run.
 	Lease time.Duration
 
 	// MaxAttempts is how many attempts may end without finishing (an error,

@@ -34,7 +34,7 @@ func (a *attempt[Req, State]) keepLease(ctx context.Context, sent time.Time) {
 // extension of the lease succeeded for (nearly) a whole lease, counted
 // from the last one this attempt made, whichever step made it; and a stop
 // function that returns that loss, marked as the engine's own finding.
-// Disabled (the claim is uncommitted and holds the key's row lock, so no
+// Disabled (the claim is uncommitted and holds the key's lock, so no
 // takeover is possible), it only wraps ctx.
 func (a *attempt[Req, State]) heartbeat(ctx context.Context, step string, enabled bool) (context.Context, func() error) {
 	a.heldStep.Store(&step) // read by the renewals, which run beside the step
