@@ -407,7 +407,7 @@ var mutants = []Mutant{
 		Name:   "isolation-not-pinned",
 		Breaks: "the middleware's transactions take the server's default isolation",
 		Edits: []Edit{{File: "idemhttp/middleware.go",
-			Old: "var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}", New: "var readCommitted = pgx.TxOptions{}"}},
+			Old: `const beginSQL = "begin isolation level read committed"`, New: `const beginSQL = "begin"`}},
 		Pkg: "./idemhttp", Run: "^TestCompletesOnARepeatableReadServer$",
 	},
 	{
