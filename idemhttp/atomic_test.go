@@ -190,40 +190,55 @@ func TestAtomicLosesToALocklessClaim(t *testing.T) {
 	require.Zero(t, s.rows(), "the handler's write rolled back")
 }
 
-// TestAtomicHoldsNoLease: an Atomic handler that outlives the lease is
-// not cut off, and no other request takes its key meanwhile: no record is
-// committed for a lease to expire on; the key's lock holds it.
-func TestAtomicHoldsNoLease(t *testing.T) {
-	lease := 50 * time.Millisecond
+// TestAtomicHandlerFrozenPastItsLeaseFreesTheKey: no lease is committed
+// for an Atomic request; its open transaction alone holds the key. A
+// handler that leaves that transaction waiting for a whole lease (a frozen
+// process, one cut off from the server) has it ended by the server (the
+// claim's idle_in_transaction_session_timeout), so a retry gets the key
+// instead of 409 until TCP keepalives notice. The frozen handler's write
+// rolls back; one charge, the retry's, which every later retry replays.
+func TestAtomicHandlerFrozenPastItsLeaseFreesTheKey(t *testing.T) {
+	lease := time.Second
 	s, _ := newAtomicServer(t, idemhttp.Config{Lease: lease})
 	entered, release, free := held(t)
-	var (
-		calls atomic.Int32
-		cut   atomic.Bool
-	)
+	var calls atomic.Int32
 	s.handle = func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
+			tx, err := idemhttp.Tx(r.Context())
+			if err == nil {
+				_, err = tx.Exec(r.Context(), `INSERT INTO charges (body) VALUES ('frozen')`)
+			}
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
 			close(entered)
-			<-release
-			cut.Store(r.Context().Err() != nil)
+			<-release // frozen: deaf to its context, as a stopped process is
 		}
 		s.charge(w, r)
 	}
 	done := make(chan reply, 1)
 	go func() { done <- s.post("/v1/charges", "k1", "acme", `{}`) }()
 	<-entered
-	var dbNow, until time.Time
-	require.NoError(t, s.db.QueryRow(context.Background(), `SELECT clock_timestamp(), clock_timestamp() + $1::interval`,
-		(3*lease).String()).Scan(&dbNow, &until))
-	for dbNow.Before(until) { // three leases by the database clock
-		require.NoError(t, s.db.QueryRow(context.Background(), `SELECT clock_timestamp() FROM pg_sleep(0.01)`).Scan(&dbNow))
+
+	// Retries while the key is held, as a client would; the bound is many
+	// leases, so that only a key held for good fails the test.
+	deadline := time.Now().Add(30 * lease)
+	retry := s.post("/v1/charges", "k1", "acme", `{}`)
+	for retry.status == http.StatusConflict && time.Now().Before(deadline) {
+		time.Sleep(lease / 10)
+		retry = s.post("/v1/charges", "k1", "acme", `{}`)
 	}
-	dup := s.post("/v1/charges", "k1", "acme", `{}`)
-	require.Equal(t, http.StatusConflict, dup.status, dup.body)
+	require.Equal(t, http.StatusCreated, retry.status, "after %s: %s", 30*lease, retry.body)
 	free()
-	require.Equal(t, http.StatusCreated, (<-done).status)
-	require.False(t, cut.Load(), "the handler's context is not cut by the lease")
-	require.EqualValues(t, 1, calls.Load())
+	frozen := <-done
+	require.GreaterOrEqual(t, frozen.status, 500, "the frozen handler's transaction was ended: %s", frozen.body)
+	replay := s.post("/v1/charges", "k1", "acme", `{}`)
+	require.Equal(t, http.StatusCreated, replay.status)
+	require.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
+	require.Equal(t, retry.body, replay.body)
+	require.EqualValues(t, 2, calls.Load())
+	require.Equal(t, 1, s.rows(), "the frozen handler's write rolled back")
 }
 
 // TestAtomicOnAReadOnlyServer: TestMiddlewareOnAReadOnlyServer with

@@ -209,7 +209,7 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pg
 		)
 		extra := []any{&outcome, &dbNow}
 		if deferred {
-			extra = append(extra, &history)
+			extra = append(extra, &history, nil) // nil: the idle bound it set
 		}
 		rec, err := scanRecord(row, extra...)
 		row = nil

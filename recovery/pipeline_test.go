@@ -2,6 +2,7 @@ package recovery_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -115,4 +116,58 @@ func TestPipelinedClaimRacingAFirstClaim(t *testing.T) {
 	require.NoError(t, err)
 	_, err = second.Exec(context.Background(), `ROLLBACK`)
 	require.NoError(t, err)
+}
+
+// TestPipelinedClaimBoundsItsTransaction: a claim that takes a key in the
+// transaction it opens sets idle_in_transaction_session_timeout to the
+// lease for that transaction alone, so that a process cut off from the
+// server cannot hold the key for longer; a replay sets nothing, and a
+// timeout the session set already is left as it is.
+func TestPipelinedClaimBoundsItsTransaction(t *testing.T) {
+	b := setup(t)
+	conn := acquire(t, b)
+	idle := func() string {
+		t.Helper()
+		var ms string
+		require.NoError(t, conn.QueryRow(b.ctx,
+			`SELECT setting FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'`).Scan(&ms))
+		return ms
+	}
+	claim := func(id string) recovery.Outcome {
+		t.Helper()
+		_, outcome, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, []string{"begin"}, params(t, recovery.Key{Tenant: "acme", ID: id}, `{}`))
+		require.NoError(t, err)
+		return outcome
+	}
+	rollback := func() {
+		t.Helper()
+		_, err := conn.Exec(b.ctx, `ROLLBACK`)
+		require.NoError(t, err)
+	}
+	lease := strconv.FormatInt(b.store.Lease().Milliseconds(), 10)
+
+	require.Equal(t, "0", idle(), "the test server sets no timeout")
+	require.Equal(t, recovery.OutcomeNew, claim("k1"))
+	require.Equal(t, lease, idle(), "a new key's transaction is bounded by the lease")
+	rollback()
+	require.Equal(t, "0", idle(), "for that transaction alone")
+
+	b.claim(t, params(t, recovery.Key{Tenant: "acme", ID: "k2"}, `{}`))
+	b.expire(t, recovery.Key{Tenant: "acme", ID: "k2"})
+	require.Equal(t, recovery.OutcomeTakeover, claim("k2"))
+	require.Equal(t, lease, idle(), "a takeover's transaction too")
+	rollback()
+
+	done, _ := b.claim(t, params(t, recovery.Key{Tenant: "acme", ID: "k3"}, `{}`))
+	require.NoError(t, b.store.Complete(b.ctx, done.Fence(), jsonResponse))
+	require.Equal(t, recovery.OutcomeReplay, claim("k3"))
+	require.Equal(t, "0", idle(), "a replay holds nothing and sets nothing")
+	rollback()
+
+	_, err := conn.Exec(b.ctx, `SET idle_in_transaction_session_timeout = 7000`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = conn.Exec(context.Background(), `RESET idle_in_transaction_session_timeout`) })
+	require.Equal(t, recovery.OutcomeNew, claim("k4"))
+	require.Equal(t, "7000", idle(), "the session's own timeout stands")
+	rollback()
 }

@@ -51,11 +51,23 @@ const claimCall = `($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json,
 // claimDeferredSQL is claimSQL for a claim that opens a workflow's first
 // transaction: for an absent key the function onceflow_claim_deferred
 // (migration 0019) returns the record without inserting it, and the
-// transaction's first fenced write inserts it (see unwritten). Its last
-// column is that record's history, with the claim's entry; NULL for any
-// other row.
+// transaction's first fenced write inserts it (see unwritten). Its
+// next-to-last column is that record's history, with the claim's entry;
+// NULL for any other row.
+//
+// Its last column bounds the transaction when the claim took the key (a
+// new key or a takeover): nothing but the open transaction holds the key
+// then, and a process cut off from the server (a lost host, a partition,
+// a frozen process) would hold it until the server noticed, which TCP
+// keepalives make hours. The claim sets idle_in_transaction_session_timeout
+// to the lease for the rest of the transaction, so that PostgreSQL ends a
+// transaction left waiting on its application for a whole lease, freeing
+// the key; a timeout the role or session set already (anything but 0) is
+// left as it is.
 var claimDeferredSQL = `
-SELECT ` + claimColumns + `, ` + claimOutcome + `, CASE WHEN id = $3 THEN history END
+SELECT ` + claimColumns + `, ` + claimOutcome + `, CASE WHEN id = $3 THEN history END,
+    CASE WHEN (id = $3 OR owner = $7) AND current_setting('idle_in_transaction_session_timeout') = '0'
+    THEN set_config('idle_in_transaction_session_timeout', least(ceil($8::bigint / 1000.0), 2147483647)::bigint::text, true) END
 FROM {schema}.onceflow_claim_deferred` + claimCall
 
 // takeoverSQL takes over an expired lease whatever the fingerprint, for work

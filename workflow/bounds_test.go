@@ -59,6 +59,68 @@ func TestDuplicateDoesNotWaitForTheFirstPhase(t *testing.T) {
 	require.NoError(t, <-first)
 }
 
+// TestFrozenFirstPhaseFreesItsKeyAfterTheLease: a process that stops
+// talking to the database in its first atomic phase (frozen, or cut off
+// by a partition or a lost host) holds the key only through its open
+// transaction. Duplicates are told "in flight" at once, and once the
+// transaction has waited on its application for a whole lease the server
+// ends it (the claim's idle_in_transaction_session_timeout): the key is
+// free, a retry runs the workflow, and when the frozen phase wakes, its
+// commit fails. One order in the end, the retry's.
+func TestFrozenFirstPhaseFreesItsKeyAfterTheLease(t *testing.T) {
+	w := newWorld(t)
+	const lease = 500 * time.Millisecond
+	entered, wake := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	wf := workflow.Define("frozen_first_phase",
+		phase.Atomic("create", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, Paid]) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO orders (tenant, key, customer, amount, status)
+				VALUES ($1, $2, $3, $4, 'new')`, r.Key.Tenant, r.Key.ID, r.Request.Customer, r.Request.Amount); err != nil {
+				return err
+			}
+			if calls.Add(1) == 1 {
+				close(entered)
+				<-wake // frozen: deaf to its context, as a stopped process is
+			}
+			return nil
+		}))
+	e := w.engine(workflow.Config{Lease: lease})
+	first := make(chan error, 1)
+	go func() {
+		_, err := wf.Run(w.ctx, e, acme, order)
+		first <- err
+	}()
+	defer close(wake)
+	<-entered
+
+	var inFlight *recovery.InFlightError
+	_, err := wf.Run(w.ctx, e, acme, order)
+	require.ErrorAs(t, err, &inFlight, "within the lease the frozen transaction holds the key")
+
+	// Retries until the key is free, as a client would; the bound is many
+	// leases, so that only a key held for good fails the test.
+	deadline := time.Now().Add(60 * lease)
+	var res *workflow.Result
+	for {
+		res, err = wf.Run(w.ctx, e, acme, order)
+		if !errors.As(err, &inFlight) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(lease / 10)
+	}
+	require.NoError(t, err, "the frozen transaction still holds the key after %s", 60*lease)
+	require.False(t, res.Replayed)
+	require.EqualValues(t, 2, calls.Load())
+
+	wake <- struct{}{}
+	require.Error(t, <-first, "the frozen phase's transaction was ended: its commit fails")
+	require.Equal(t, 1, w.orders(), "the frozen phase's order rolled back, the retry's committed")
+	var status string
+	require.NoError(t, w.db.QueryRow(w.ctx, `SELECT status FROM onceflow_keys WHERE tenant_id = $1 AND key = $2`,
+		acme.Tenant, acme.ID).Scan(&status))
+	require.Equal(t, "completed", status)
+}
+
 // TestDBTimeoutBoundsTheClaim: a database that does not answer (its key
 // table locked by another session, or a pool with no connection to give)
 // makes Run return ErrUnavailable within Config.DBTimeout, running

@@ -32,6 +32,13 @@ var mutants = []Mutant{
 		Pkg: "./recovery", Run: "^TestDuplicateOfAClaimInATransactionDoesNotWait$",
 	},
 	{
+		Name:   "first-phase-idle-unbounded",
+		Breaks: "a claim that takes a key in the transaction it opens leaves idle_in_transaction_session_timeout alone, so a process cut off in its first phase holds the key until TCP keepalives notice, hours by default",
+		Edits: []Edit{{File: "recovery/sql.go",
+			Old: "AND current_setting('idle_in_transaction_session_timeout') = '0'", New: "AND false"}},
+		Pkg: "./recovery", Run: "^TestPipelinedClaimBoundsItsTransaction$",
+	},
+	{
 		Name:   "atomic-claim-committed-alone",
 		Breaks: "an Atomic claim's transaction commits before the handler runs, so the key's lock is gone while it runs: a duplicate runs the handler too, and a request commits twice",
 		Edits: []Edit{{File: "idemhttp/middleware.go",
