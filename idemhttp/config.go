@@ -119,9 +119,14 @@ type Config struct {
 	// once by the key's lock; a request that fails, is not stored or
 	// whose process dies leaves nothing, and its retry runs the handler
 	// afresh. The price: the request holds a connection, in a
-	// transaction, from the claim to the response, and no lease bounds
+	// transaction, from the claim to the response, and no lease cancels
 	// the handler (no one else can take the key while its transaction is
-	// open), so keep such handlers short and give them a deadline. A
+	// open), so keep such handlers short and give them a deadline. Lease
+	// bounds only how long the transaction may wait on the handler
+	// between statements: the claim sets idle_in_transaction_session_timeout
+	// to it (unless the role or session set one), so that the server ends
+	// the transaction of a process frozen or cut off from it, freeing the
+	// key within a lease instead of when TCP keepalives notice. A
 	// response over MaxResponse from a handler that never called Tx is
 	// still streamed, and nothing is kept.
 	//

@@ -61,7 +61,12 @@ type Config struct {
 	// the key's lock (migration 0017), and a new record is inserted only
 	// when the phase commits (0019), so no one can take the key over while
 	// it runs and a concurrent duplicate gets ErrInFlight at once. Keep
-	// first phases short: the key is held for as long as they run.
+	// first phases short: the key is held for as long as they run. The
+	// lease bounds how long that transaction may wait on this process
+	// between statements: the claim sets idle_in_transaction_session_timeout
+	// to it (unless the role or session set one), so that a process frozen
+	// or cut off from the server in its first phase has its transaction
+	// ended by the server and the key freed, rolled back, within a lease.
 	Lease time.Duration
 
 	// MaxAttempts is how many attempts may end without finishing (an error,
