@@ -263,7 +263,7 @@ func (s *Store) takeover(ctx context.Context, k Key, workflow string) (*Record, 
 		dbNow   time.Time
 	)
 	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.takeover, k.Tenant, k.ID, uuid.New(), s.lease, abandonedError, workflow),
-		&outcome, &dbNow)
+		&outcome, &dbNow, nil) // nil: the idle bound it set
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, 0, fmt.Errorf("take over key: %w (tenant %q, key %q)", ErrNotFound, k.Tenant, k.ID)

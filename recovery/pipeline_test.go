@@ -118,10 +118,10 @@ func TestPipelinedClaimRacingAFirstClaim(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// TestPipelinedClaimBoundsItsTransaction: a claim that takes a key in the
-// transaction it opens sets idle_in_transaction_session_timeout to the
-// lease for that transaction alone, so that a process cut off from the
-// server cannot hold the key for longer; a replay sets nothing, and a
+// TestPipelinedClaimBoundsItsTransaction: a claim or a takeover that takes
+// a key in the transaction it opens sets idle_in_transaction_session_timeout
+// to the lease for that transaction alone, so that a process cut off from
+// the server cannot hold the key for longer; a replay sets nothing, and a
 // timeout the session set already is left as it is.
 func TestPipelinedClaimBoundsItsTransaction(t *testing.T) {
 	b := setup(t)
@@ -164,7 +164,27 @@ func TestPipelinedClaimBoundsItsTransaction(t *testing.T) {
 	require.Equal(t, "0", idle(), "a replay holds nothing and sets nothing")
 	rollback()
 
-	_, err := conn.Exec(b.ctx, `SET idle_in_transaction_session_timeout = 7000`)
+	// A resume's takeover made in the transaction of the phase it resumes
+	// (Engine.Resume, the sweeper's completer).
+	k5 := recovery.Key{Tenant: "acme", ID: "k5"}
+	b.claim(t, params(t, k5, `{}`))
+	b.expire(t, k5)
+	tx, err := conn.Begin(b.ctx)
+	require.NoError(t, err)
+	_, outcome, err := seam.StoreOf(b.store.WithTx(tx)).Takeover(b.ctx, k5, "checkout")
+	require.NoError(t, err)
+	require.Equal(t, recovery.OutcomeTakeover, outcome)
+	require.Equal(t, lease, idle(), "a resume's takeover in a transaction bounds it")
+	require.NoError(t, tx.Rollback(b.ctx))
+	tx, err = conn.Begin(b.ctx)
+	require.NoError(t, err)
+	_, outcome, err = seam.StoreOf(b.store.WithTx(tx)).Takeover(b.ctx, recovery.Key{Tenant: "acme", ID: "k3"}, "checkout")
+	require.NoError(t, err)
+	require.Equal(t, recovery.OutcomeReplay, outcome)
+	require.Equal(t, "0", idle(), "a takeover that found the record finished sets nothing")
+	require.NoError(t, tx.Rollback(b.ctx))
+
+	_, err = conn.Exec(b.ctx, `SET idle_in_transaction_session_timeout = 7000`)
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = conn.Exec(context.Background(), `RESET idle_in_transaction_session_timeout`) })
 	require.Equal(t, recovery.OutcomeNew, claim("k4"))

@@ -55,20 +55,28 @@ const claimCall = `($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json,
 // next-to-last column is that record's history, with the claim's entry;
 // NULL for any other row.
 //
-// Its last column bounds the transaction when the claim took the key (a
-// new key or a takeover): nothing but the open transaction holds the key
-// then, and a process cut off from the server (a lost host, a partition,
-// a frozen process) would hold it until the server noticed, which TCP
-// keepalives make hours. The claim sets idle_in_transaction_session_timeout
-// to the lease for the rest of the transaction, so that PostgreSQL ends a
-// transaction left waiting on its application for a whole lease, freeing
-// the key; a timeout the role or session set already (anything but 0) is
-// left as it is.
+// Its last column bounds the transaction (idleBound) when the claim took
+// the key: a new key or a takeover.
 var claimDeferredSQL = `
 SELECT ` + claimColumns + `, ` + claimOutcome + `, CASE WHEN id = $3 THEN history END,
-    CASE WHEN (id = $3 OR owner = $7) AND current_setting('idle_in_transaction_session_timeout') = '0'
-    THEN set_config('idle_in_transaction_session_timeout', least(ceil($8::bigint / 1000.0), 2147483647)::bigint::text, true) END
+    CASE WHEN id = $3 OR owner = $7 THEN ` + idleBound("$8") + ` END
 FROM {schema}.onceflow_claim_deferred` + claimCall
+
+// idleBound is an expression that bounds the rest of the transaction it
+// runs in by the lease (a parameter in microseconds), for a claim or
+// takeover that opens a transaction and takes the key in it: until that
+// transaction commits, nothing but its being open holds the key, and a
+// process cut off from the server (a lost host, a partition, a frozen
+// process) would hold it until the server noticed, which TCP keepalives
+// make hours. It sets idle_in_transaction_session_timeout to the lease,
+// local to the transaction, so that PostgreSQL ends a transaction left
+// waiting on its application for a whole lease, freeing the key; a
+// timeout the role or session set already (anything but 0) is left as it
+// is. In a statement outside a transaction block it bounds nothing.
+func idleBound(leaseMicros string) string {
+	return `CASE WHEN current_setting('idle_in_transaction_session_timeout') = '0'
+    THEN set_config('idle_in_transaction_session_timeout', least(ceil(` + leaseMicros + `::bigint / 1000.0), 2147483647)::bigint::text, true) END`
+}
 
 // takeoverSQL takes over an expired lease whatever the fingerprint, for work
 // resumed from its stored request. The rule and what a takeover writes are
@@ -78,7 +86,8 @@ FROM {schema}.onceflow_claim_deferred` + claimCall
 // (migration 0017) and fails with lockNotAvailable while another
 // transaction holds it. Like claimSQL it returns the record and how it
 // was reached: 2 taken over, 3 left as it was (finished, held by a valid
-// lease, or of another workflow). No row means no record.
+// lease, or of another workflow). No row means no record. Its last column
+// bounds the transaction of a takeover made in one (idleBound).
 //
 // Parameters: $1 tenant, $2 key, $3 new owner, $4 lease in microseconds, $5
 // the error recorded for an abandoned lease, $6 the workflow the record must
@@ -91,9 +100,9 @@ taken AS (
     SELECT ` + claimColumns + `
     FROM {schema}.onceflow_take_over($1::text, $2::text, $6::text, NULL, NULL, $3::uuid, $4::bigint, $5::text, true)
 )
-SELECT ` + recordColumns + `, 2, clock_timestamp() FROM taken
+SELECT ` + recordColumns + `, 2, clock_timestamp(), ` + idleBound("$4") + ` FROM taken
 UNION ALL
-SELECT ` + recordColumns + `, 3, clock_timestamp() FROM existing WHERE NOT EXISTS (SELECT 1 FROM taken)`
+SELECT ` + recordColumns + `, 3, clock_timestamp(), NULL FROM existing WHERE NOT EXISTS (SELECT 1 FROM taken)`
 
 // Every statement that makes a transition appends it to the record's
 // history in the same statement (onceflow_history, migration 0014): the

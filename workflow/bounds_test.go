@@ -121,6 +121,70 @@ func TestFrozenFirstPhaseFreesItsKeyAfterTheLease(t *testing.T) {
 	require.Equal(t, "completed", status)
 }
 
+// TestFrozenResumeFreesItsKeyAfterTheLease: the same for a resume (a
+// sweeper's completer, Engine.Resume) whose next step is atomic, so its
+// takeover is made in that step's transaction: a completer frozen in it
+// holds the key only until the server ends the transaction, a lease later,
+// and another resume finishes the workflow, once.
+func TestFrozenResumeFreesItsKeyAfterTheLease(t *testing.T) {
+	w := newWorld(t)
+	const lease = 500 * time.Millisecond
+	entered, wake := make(chan struct{}), make(chan struct{})
+	var finishes atomic.Int32
+	wf := workflow.Define("frozen_resume",
+		phase.Atomic("create", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, Paid]) error {
+			return tx.QueryRow(ctx, `INSERT INTO orders (tenant, key, customer, amount, status)
+				VALUES ($1, $2, $3, $4, 'new') RETURNING id`, r.Key.Tenant, r.Key.ID, r.Request.Customer, r.Request.Amount).Scan(&r.State.OrderID)
+		}),
+		phase.Atomic("finish", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, Paid]) error {
+			switch finishes.Add(1) {
+			case 1:
+				return errors.New("the first attempt stops after create")
+			case 2:
+				if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'frozen' WHERE id = $1`, r.State.OrderID); err != nil {
+					return err
+				}
+				close(entered)
+				<-wake // frozen: deaf to its context, as a stopped process is
+			}
+			_, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, r.State.OrderID)
+			return err
+		}))
+	e := w.engine(workflow.Config{Lease: lease, Workflows: []workflow.Definition{wf}})
+	_, err := wf.Run(w.ctx, e, acme, order)
+	require.Error(t, err)
+	require.NoError(t, e.Store().ExpireLease(w.ctx, acme))
+
+	first := make(chan error, 1)
+	go func() {
+		_, err := e.Resume(w.ctx, acme)
+		first <- err
+	}()
+	defer close(wake)
+	<-entered
+
+	deadline := time.Now().Add(60 * lease)
+	var (
+		inFlight *recovery.InFlightError
+		res      *workflow.Result
+	)
+	for {
+		res, err = e.Resume(w.ctx, acme)
+		if !errors.As(err, &inFlight) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(lease / 10)
+	}
+	require.NoError(t, err, "the frozen resume's transaction still holds the key after %s", 60*lease)
+	require.False(t, res.Replayed)
+	require.EqualValues(t, 3, finishes.Load())
+
+	wake <- struct{}{}
+	require.Error(t, <-first, "the frozen resume's transaction was ended: its commit fails")
+	require.Equal(t, 1, w.orders())
+	require.Equal(t, 1, w.count(`SELECT count(*) FROM orders WHERE status = 'paid'`), "the frozen update rolled back")
+}
+
 // TestDBTimeoutBoundsTheClaim: a database that does not answer (its key
 // table locked by another session, or a pool with no connection to give)
 // makes Run return ErrUnavailable within Config.DBTimeout, running

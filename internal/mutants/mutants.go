@@ -33,9 +33,9 @@ var mutants = []Mutant{
 	},
 	{
 		Name:   "first-phase-idle-unbounded",
-		Breaks: "a claim that takes a key in the transaction it opens leaves idle_in_transaction_session_timeout alone, so a process cut off in its first phase holds the key until TCP keepalives notice, hours by default",
+		Breaks: "a claim or takeover that takes a key in the transaction it opens leaves idle_in_transaction_session_timeout alone, so a process cut off in that transaction holds the key until TCP keepalives notice, hours by default",
 		Edits: []Edit{{File: "recovery/sql.go",
-			Old: "AND current_setting('idle_in_transaction_session_timeout') = '0'", New: "AND false"}},
+			Old: "WHEN current_setting('idle_in_transaction_session_timeout') = '0'", New: "WHEN false"}},
 		Pkg: "./recovery", Run: "^TestPipelinedClaimBoundsItsTransaction$",
 	},
 	{
