@@ -190,16 +190,53 @@ func TestAtomicLosesToALocklessClaim(t *testing.T) {
 	require.Zero(t, s.rows(), "the handler's write rolled back")
 }
 
-// TestAtomicHandlerFrozenPastItsLeaseFreesTheKey: no lease is committed
-// for an Atomic request; its open transaction alone holds the key. A
-// handler that leaves that transaction waiting for a whole lease (a frozen
-// process, one cut off from the server) has it ended by the server (the
-// claim's idle_in_transaction_session_timeout), so a retry gets the key
-// instead of 409 until TCP keepalives notice. The frozen handler's write
-// rolls back; one charge, the retry's, which every later retry replays.
-func TestAtomicHandlerFrozenPastItsLeaseFreesTheKey(t *testing.T) {
-	lease := time.Second
+// TestAtomicHoldsNoLease: an Atomic handler that outlives the lease is
+// not cut off, and no other request takes its key meanwhile: no record is
+// committed for a lease to expire on; the key's lock holds it.
+func TestAtomicHoldsNoLease(t *testing.T) {
+	lease := 50 * time.Millisecond
 	s, _ := newAtomicServer(t, idemhttp.Config{Lease: lease})
+	entered, release, free := held(t)
+	var (
+		calls atomic.Int32
+		cut   atomic.Bool
+	)
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			close(entered)
+			<-release
+			cut.Store(r.Context().Err() != nil)
+		}
+		s.charge(w, r)
+	}
+	done := make(chan reply, 1)
+	go func() { done <- s.post("/v1/charges", "k1", "acme", `{}`) }()
+	<-entered
+	var dbNow, until time.Time
+	require.NoError(t, s.db.QueryRow(context.Background(), `SELECT clock_timestamp(), clock_timestamp() + $1::interval`,
+		(3*lease).String()).Scan(&dbNow, &until))
+	for dbNow.Before(until) { // three leases by the database clock
+		require.NoError(t, s.db.QueryRow(context.Background(), `SELECT clock_timestamp() FROM pg_sleep(0.01)`).Scan(&dbNow))
+	}
+	dup := s.post("/v1/charges", "k1", "acme", `{}`)
+	require.Equal(t, http.StatusConflict, dup.status, dup.body)
+	free()
+	require.Equal(t, http.StatusCreated, (<-done).status)
+	require.False(t, cut.Load(), "the handler's context is not cut by the lease")
+	require.EqualValues(t, 1, calls.Load())
+}
+
+// TestAtomicFrozenHandlerFreesTheKeyAfterIdleTimeout: no lease is
+// committed for an Atomic request; its open transaction alone holds the
+// key. A handler that leaves that transaction waiting for IdleTimeout (a
+// frozen process, one cut off from the server) has it ended by the server
+// (the claim's idle_in_transaction_session_timeout), so a retry gets the
+// key instead of 409 until TCP keepalives notice. The frozen handler's
+// write rolls back; one charge, the retry's, which every later retry
+// replays.
+func TestAtomicFrozenHandlerFreesTheKeyAfterIdleTimeout(t *testing.T) {
+	idle := time.Second
+	s, _ := newAtomicServer(t, idemhttp.Config{IdleTimeout: idle})
 	entered, release, free := held(t)
 	var calls atomic.Int32
 	s.handle = func(w http.ResponseWriter, r *http.Request) {
@@ -222,14 +259,14 @@ func TestAtomicHandlerFrozenPastItsLeaseFreesTheKey(t *testing.T) {
 	<-entered
 
 	// Retries while the key is held, as a client would; the bound is many
-	// leases, so that only a key held for good fails the test.
-	deadline := time.Now().Add(30 * lease)
+	// timeouts, so that only a key held for good fails the test.
+	deadline := time.Now().Add(30 * idle)
 	retry := s.post("/v1/charges", "k1", "acme", `{}`)
 	for retry.status == http.StatusConflict && time.Now().Before(deadline) {
-		time.Sleep(lease / 10)
+		time.Sleep(idle / 10)
 		retry = s.post("/v1/charges", "k1", "acme", `{}`)
 	}
-	require.Equal(t, http.StatusCreated, retry.status, "after %s: %s", 30*lease, retry.body)
+	require.Equal(t, http.StatusCreated, retry.status, "after %s: %s", 30*idle, retry.body)
 	free()
 	frozen := <-done
 	require.GreaterOrEqual(t, frozen.status, 500, "the frozen handler's transaction was ended: %s", frozen.body)

@@ -119,14 +119,10 @@ type Config struct {
 	// once by the key's lock; a request that fails, is not stored or
 	// whose process dies leaves nothing, and its retry runs the handler
 	// afresh. The price: the request holds a connection, in a
-	// transaction, from the claim to the response, and no lease cancels
+	// transaction, from the claim to the response, and no lease bounds
 	// the handler (no one else can take the key while its transaction is
-	// open), so keep such handlers short and give them a deadline. Lease
-	// bounds only how long the transaction may wait on the handler
-	// between statements: the claim sets idle_in_transaction_session_timeout
-	// to it (unless the role or session set one), so that the server ends
-	// the transaction of a process frozen or cut off from it, freeing the
-	// key within a lease instead of when TCP keepalives notice. A
+	// open), so keep such handlers short and give them a deadline;
+	// IdleTimeout bounds a handler whose process went silent. A
 	// response over MaxResponse from a handler that never called Tx is
 	// still streamed, and nothing is kept.
 	//
@@ -135,6 +131,18 @@ type Config struct {
 	// lease after a crash instead of running the handler's calls again at
 	// once.
 	Atomic bool
+
+	// IdleTimeout bounds how long an Atomic request's transaction may wait
+	// on its handler between statements: past it, PostgreSQL ends the
+	// transaction, rolling the handler's writes back, so that a process
+	// frozen or cut off from the server frees the key instead of holding
+	// it until TCP keepalives notice, hours by default. A live handler
+	// that waits that long is ended too (its Tx statements fail). A role
+	// or session that sets its own idle_in_transaction_session_timeout
+	// keeps it. 0 means recovery.IdleTimeoutDefault (1 minute); negative
+	// sets nothing. Without Atomic the claim commits on its own and a
+	// lease bounds the key instead.
+	IdleTimeout time.Duration
 
 	// DBTimeout bounds the database work done before the handler runs
 	// (taking a connection and claiming the key) and taking the connection

@@ -61,7 +61,8 @@ func Middleware(db workflow.DB, cfg Config) (func(http.Handler) http.Handler, er
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	store, err := recovery.New(db, recovery.Config{Schema: cfg.Schema, ResponseHeaders: cfg.ResponseHeaders, Lease: cfg.Lease})
+	store, err := recovery.New(db, recovery.Config{Schema: cfg.Schema, ResponseHeaders: cfg.ResponseHeaders, Lease: cfg.Lease,
+		IdleTimeout: cfg.IdleTimeout})
 	if err != nil {
 		return nil, err
 	}

@@ -209,8 +209,9 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pg
 		)
 		extra := []any{&outcome, &dbNow}
 		if deferred {
-			extra = append(extra, &history, nil) // nil: the idle bound it set
+			extra = append(extra, &history)
 		}
+		extra = append(extra, nil) // the idle bound it set
 		rec, err := scanRecord(row, extra...)
 		row = nil
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -151,10 +151,11 @@ func (s *Store) andCommit(ctx context.Context, conn batchConn, op string, f Fenc
 // commits the transaction open on conn, in one round trip. On an error
 // the transaction is still open and aborted: roll it back.
 func (s *Store) insertAndCommit(ctx context.Context, conn batchConn, op string, f Fence, in insertion) error {
-	if err := sendAndCommit(ctx, conn, s.sql.insert, s.insertArgs(f, in)); err != nil {
+	err := sendAndCommit(ctx, conn, s.sql.insert, s.insertArgs(f, in))
+	f.unwritten.inserted.Store(true) // landed or not, no later write inserts it
+	if err != nil {
 		return s.insertError(op+" and commit", f, err)
 	}
-	f.unwritten.inserted.Store(true)
 	return nil
 }
 

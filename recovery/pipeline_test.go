@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -144,11 +145,11 @@ func TestPipelinedClaimBoundsItsTransaction(t *testing.T) {
 		_, err := conn.Exec(b.ctx, `ROLLBACK`)
 		require.NoError(t, err)
 	}
-	lease := strconv.FormatInt(b.store.Lease().Milliseconds(), 10)
+	lease := strconv.FormatInt(recovery.IdleTimeoutDefault.Milliseconds(), 10) // the default IdleTimeout
 
 	require.Equal(t, "0", idle(), "the test server sets no timeout")
 	require.Equal(t, recovery.OutcomeNew, claim("k1"))
-	require.Equal(t, lease, idle(), "a new key's transaction is bounded by the lease")
+	require.Equal(t, lease, idle(), "a new key's transaction is bounded by IdleTimeout")
 	rollback()
 	require.Equal(t, "0", idle(), "for that transaction alone")
 
@@ -184,10 +185,46 @@ func TestPipelinedClaimBoundsItsTransaction(t *testing.T) {
 	require.Equal(t, "0", idle(), "a takeover that found the record finished sets nothing")
 	require.NoError(t, tx.Rollback(b.ctx))
 
+	// A claim on the caller's own transaction (Store.WithTx) takes the key
+	// in it, uncommitted, as the pipelined claim does.
+	tx, err = conn.Begin(b.ctx)
+	require.NoError(t, err)
+	_, outcome, err = b.store.WithTx(tx).Claim(b.ctx, params(t, recovery.Key{Tenant: "acme", ID: "k6"}, `{}`))
+	require.NoError(t, err)
+	require.Equal(t, recovery.OutcomeNew, outcome)
+	require.Equal(t, lease, idle(), "a claim in the caller's transaction bounds it")
+	require.NoError(t, tx.Rollback(b.ctx))
+
+	// A Store with a negative IdleTimeout sets nothing; one with its own
+	// sets that, rounded up to whole milliseconds.
+	for _, c := range []struct {
+		idle time.Duration
+		want string
+	}{{-1, "0"}, {1500 * time.Microsecond, "2"}} {
+		store, err := recovery.New(b.db, recovery.Config{IdleTimeout: c.idle})
+		require.NoError(t, err)
+		_, outcome, err := seam.StoreOf(store).BeginAndClaim(b.ctx, conn, []string{"begin"},
+			params(t, recovery.Key{Tenant: "acme", ID: "k7" + c.idle.String()}, `{}`))
+		require.NoError(t, err)
+		require.Equal(t, recovery.OutcomeNew, outcome)
+		require.Equal(t, c.want, idle(), "IdleTimeout %s", c.idle)
+		rollback()
+	}
+
 	_, err = conn.Exec(b.ctx, `SET idle_in_transaction_session_timeout = 7000`)
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = conn.Exec(context.Background(), `RESET idle_in_transaction_session_timeout`) })
 	require.Equal(t, recovery.OutcomeNew, claim("k4"))
 	require.Equal(t, "7000", idle(), "the session's own timeout stands")
 	rollback()
+}
+
+// TestIdleTimeoutOutOfRange: an IdleTimeout PostgreSQL cannot take is
+// refused when the Store is made, not at the first claim.
+func TestIdleTimeoutOutOfRange(t *testing.T) {
+	for _, d := range []time.Duration{time.Microsecond, 25 * 24 * time.Hour} {
+		_, err := recovery.New(nil, recovery.Config{IdleTimeout: d})
+		var input *recovery.InputError
+		require.ErrorAs(t, err, &input, "IdleTimeout %s", d)
+	}
 }

@@ -1,7 +1,9 @@
 package recovery
 
 import (
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/onceflow/onceflow/internal/dbschema"
 )
@@ -37,8 +39,17 @@ const (
 // says this build knows compensation: it may take over a record whose undo
 // list a build from before migration 0012 must leave alone.
 var claimSQL = `
-SELECT ` + claimColumns + `, ` + claimOutcome + `
+SELECT ` + claimColumns + `, ` + claimOutcome + `, ` + claimBound + `
 FROM {schema}.onceflow_claim` + claimCall
+
+// claimBound is the claim statements' last column, whose value is not
+// read: when the claim took the key (a new key or a takeover), it bounds
+// the transaction it ran in. Until that transaction commits, nothing but
+// its being open holds the key (see Config.IdleTimeout). {idle_bound},
+// which newQueries fills in, sets idle_in_transaction_session_timeout
+// local to the transaction, unless the role or session set one (anything
+// but 0). In a statement outside a transaction block it bounds nothing.
+const claimBound = `CASE WHEN id = $3 OR owner = $7 THEN {idle_bound} END`
 
 // claimOutcome is the claim statements' outcome column, and the database
 // clock.
@@ -54,29 +65,9 @@ const claimCall = `($1::text, $2::text, $3::uuid, $4::text, $5::bytea, $6::json,
 // transaction's first fenced write inserts it (see unwritten). Its
 // next-to-last column is that record's history, with the claim's entry;
 // NULL for any other row.
-//
-// Its last column bounds the transaction (idleBound) when the claim took
-// the key: a new key or a takeover.
 var claimDeferredSQL = `
-SELECT ` + claimColumns + `, ` + claimOutcome + `, CASE WHEN id = $3 THEN history END,
-    CASE WHEN id = $3 OR owner = $7 THEN ` + idleBound("$8") + ` END
+SELECT ` + claimColumns + `, ` + claimOutcome + `, CASE WHEN id = $3 THEN history END, ` + claimBound + `
 FROM {schema}.onceflow_claim_deferred` + claimCall
-
-// idleBound is an expression that bounds the rest of the transaction it
-// runs in by the lease (a parameter in microseconds), for a claim or
-// takeover that opens a transaction and takes the key in it: until that
-// transaction commits, nothing but its being open holds the key, and a
-// process cut off from the server (a lost host, a partition, a frozen
-// process) would hold it until the server noticed, which TCP keepalives
-// make hours. It sets idle_in_transaction_session_timeout to the lease,
-// local to the transaction, so that PostgreSQL ends a transaction left
-// waiting on its application for a whole lease, freeing the key; a
-// timeout the role or session set already (anything but 0) is left as it
-// is. In a statement outside a transaction block it bounds nothing.
-func idleBound(leaseMicros string) string {
-	return `CASE WHEN current_setting('idle_in_transaction_session_timeout') = '0'
-    THEN set_config('idle_in_transaction_session_timeout', least(ceil(` + leaseMicros + `::bigint / 1000.0), 2147483647)::bigint::text, true) END`
-}
 
 // takeoverSQL takes over an expired lease whatever the fingerprint, for work
 // resumed from its stored request. The rule and what a takeover writes are
@@ -87,7 +78,7 @@ func idleBound(leaseMicros string) string {
 // transaction holds it. Like claimSQL it returns the record and how it
 // was reached: 2 taken over, 3 left as it was (finished, held by a valid
 // lease, or of another workflow). No row means no record. Its last column
-// bounds the transaction of a takeover made in one (idleBound).
+// bounds the transaction of a takeover made in one, as claimBound does.
 //
 // Parameters: $1 tenant, $2 key, $3 new owner, $4 lease in microseconds, $5
 // the error recorded for an abandoned lease, $6 the workflow the record must
@@ -100,7 +91,7 @@ taken AS (
     SELECT ` + claimColumns + `
     FROM {schema}.onceflow_take_over($1::text, $2::text, $6::text, NULL, NULL, $3::uuid, $4::bigint, $5::text, true)
 )
-SELECT ` + recordColumns + `, 2, clock_timestamp(), ` + idleBound("$4") + ` FROM taken
+SELECT ` + recordColumns + `, 2, clock_timestamp(), {idle_bound} FROM taken
 UNION ALL
 SELECT ` + recordColumns + `, 3, clock_timestamp(), NULL FROM existing WHERE NOT EXISTS (SELECT 1 FROM taken)`
 
@@ -275,8 +266,17 @@ type queries struct {
 	compensate, undone                                                                                                                 string
 }
 
-func newQueries(schema string) *queries {
+func newQueries(schema string, idle time.Duration) *queries {
+	bound := "NULL" // IdleTimeout negative: the transaction is left as it is
+	if idle > 0 {
+		// A literal, not a parameter: with a parameter in it, the claim
+		// is planned anew on every run (about 30 µs of server time).
+		ms := (idle + time.Millisecond - 1) / time.Millisecond
+		bound = `CASE WHEN current_setting('idle_in_transaction_session_timeout') = '0'
+    THEN set_config('idle_in_transaction_session_timeout', '` + strconv.FormatInt(int64(ms), 10) + `', true) END`
+	}
 	expand := func(sql string) string {
+		sql = strings.ReplaceAll(sql, "{idle_bound}", bound)
 		return dbschema.Expand(strings.ReplaceAll(sql, "{keys}", "{schema}.onceflow_keys"), schema)
 	}
 	return &queries{

@@ -73,7 +73,31 @@ type Config struct {
 	// extends it: committed progress is proof that the holder is alive.
 	// 0 means LeaseDefault; at least 1ms.
 	Lease time.Duration
+
+	// IdleTimeout bounds a transaction that holds a key by being open: one
+	// in which a claim or takeover took the key and has not committed (a
+	// workflow's first atomic phase, a resumed atomic step, an idemhttp
+	// Atomic request, a Claim on the caller's transaction). Nothing else
+	// holds the key then, no lease and no heartbeat, and a process cut off
+	// from the server (a partition, a lost host) or frozen would hold it
+	// until TCP keepalives noticed, hours by default. The claim sets
+	// idle_in_transaction_session_timeout to IdleTimeout for that
+	// transaction alone, so that PostgreSQL ends it once it has waited on
+	// its application that long between statements: its writes roll back
+	// and the key is free. A live transaction that waits that long is ended
+	// too, so keep it well above the longest pause between a first phase's
+	// (or an Atomic handler's) statements. A role or session that sets its
+	// own idle_in_transaction_session_timeout keeps it. 0 means
+	// IdleTimeoutDefault; a negative value sets nothing.
+	IdleTimeout time.Duration
 }
+
+// IdleTimeoutDefault is the IdleTimeout of a Config that sets none.
+const IdleTimeoutDefault = time.Minute
+
+// maxIdleTimeout is the largest idle_in_transaction_session_timeout
+// PostgreSQL takes: INT_MAX milliseconds.
+const maxIdleTimeout = (1<<31 - 1) * time.Millisecond
 
 // withDefaults returns cfg with each zero field set to its default.
 func (cfg Config) withDefaults() Config {
@@ -82,6 +106,7 @@ func (cfg Config) withDefaults() Config {
 		cfg.ResponseHeaders = DefaultResponseHeaders
 	}
 	cfg.Lease = cmp.Or(cfg.Lease, LeaseDefault)
+	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, IdleTimeoutDefault)
 	return cfg
 }
 
@@ -91,8 +116,13 @@ func (cfg Config) validate() error {
 	if _, err := dbschema.Resolve(cfg.Schema); err != nil {
 		return err
 	}
-	_, err := leaseMicros(cfg.Lease, LeaseDefault)
-	return err
+	if _, err := leaseMicros(cfg.Lease, LeaseDefault); err != nil {
+		return err
+	}
+	if cfg.IdleTimeout > 0 && (cfg.IdleTimeout < time.Millisecond || cfg.IdleTimeout > maxIdleTimeout) {
+		return &InputError{Field: "idle timeout", Problem: fmt.Sprintf("is %s, not between 1ms and %s (or negative, for none)", cfg.IdleTimeout, maxIdleTimeout)}
+	}
+	return nil
 }
 
 // Store reads and changes key records.
@@ -118,7 +148,7 @@ func New(db DBTX, cfg Config) (*Store, error) {
 	for _, h := range neverStored {
 		delete(headers, h)
 	}
-	return &Store{db: db, schema: cfg.Schema, sql: newQueries(cfg.Schema), headers: headers, lease: cfg.Lease.Microseconds(),
+	return &Store{db: db, schema: cfg.Schema, sql: newQueries(cfg.Schema, cfg.IdleTimeout), headers: headers, lease: cfg.Lease.Microseconds(),
 		inTx: isTx(db)}, nil
 }
 

@@ -21,7 +21,12 @@ type unwritten struct {
 	insertArgs []any
 	// inserted is set once a statement inserted the record. A transaction
 	// that then rolls back takes the row with it, and the fenced writes
-	// that follow find no record: the lease is lost, as it is.
+	// that follow find no record: the lease is lost, as it is. It is set
+	// too when a commit that carried the insert failed (insertAndCommit),
+	// whether or not the record landed: the key lock went with that
+	// transaction, and an insert made after it could land over the claim
+	// of an attempt that took the key meanwhile. The fenced writes that
+	// follow update the record if the commit landed, and find none if not.
 	inserted atomic.Bool
 }
 

@@ -3,6 +3,7 @@ package workflow_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -59,17 +60,17 @@ func TestDuplicateDoesNotWaitForTheFirstPhase(t *testing.T) {
 	require.NoError(t, <-first)
 }
 
-// TestFrozenFirstPhaseFreesItsKeyAfterTheLease: a process that stops
+// TestFrozenFirstPhaseFreesItsKeyAfterIdleTimeout: a process that stops
 // talking to the database in its first atomic phase (frozen, or cut off
 // by a partition or a lost host) holds the key only through its open
 // transaction. Duplicates are told "in flight" at once, and once the
-// transaction has waited on its application for a whole lease the server
-// ends it (the claim's idle_in_transaction_session_timeout): the key is
-// free, a retry runs the workflow, and when the frozen phase wakes, its
-// commit fails. One order in the end, the retry's.
-func TestFrozenFirstPhaseFreesItsKeyAfterTheLease(t *testing.T) {
+// transaction has waited on its application for Config.IdleTimeout the
+// server ends it (the claim's idle_in_transaction_session_timeout): the
+// key is free, a retry runs the workflow, and when the frozen phase wakes,
+// its commit fails. One order in the end, the retry's.
+func TestFrozenFirstPhaseFreesItsKeyAfterIdleTimeout(t *testing.T) {
 	w := newWorld(t)
-	const lease = 500 * time.Millisecond
+	const idle = 500 * time.Millisecond
 	entered, wake := make(chan struct{}), make(chan struct{})
 	var calls atomic.Int32
 	wf := workflow.Define("frozen_first_phase",
@@ -84,7 +85,7 @@ func TestFrozenFirstPhaseFreesItsKeyAfterTheLease(t *testing.T) {
 			}
 			return nil
 		}))
-	e := w.engine(workflow.Config{Lease: lease})
+	e := w.engine(workflow.Config{IdleTimeout: idle})
 	first := make(chan error, 1)
 	go func() {
 		_, err := wf.Run(w.ctx, e, acme, order)
@@ -95,20 +96,20 @@ func TestFrozenFirstPhaseFreesItsKeyAfterTheLease(t *testing.T) {
 
 	var inFlight *recovery.InFlightError
 	_, err := wf.Run(w.ctx, e, acme, order)
-	require.ErrorAs(t, err, &inFlight, "within the lease the frozen transaction holds the key")
+	require.ErrorAs(t, err, &inFlight, "the frozen transaction holds the key")
 
 	// Retries until the key is free, as a client would; the bound is many
-	// leases, so that only a key held for good fails the test.
-	deadline := time.Now().Add(60 * lease)
+	// timeouts, so that only a key held for good fails the test.
+	deadline := time.Now().Add(60 * idle)
 	var res *workflow.Result
 	for {
 		res, err = wf.Run(w.ctx, e, acme, order)
 		if !errors.As(err, &inFlight) || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(lease / 10)
+		time.Sleep(idle / 10)
 	}
-	require.NoError(t, err, "the frozen transaction still holds the key after %s", 60*lease)
+	require.NoError(t, err, "the frozen transaction still holds the key after %s", 60*idle)
 	require.False(t, res.Replayed)
 	require.EqualValues(t, 2, calls.Load())
 
@@ -121,14 +122,14 @@ func TestFrozenFirstPhaseFreesItsKeyAfterTheLease(t *testing.T) {
 	require.Equal(t, "completed", status)
 }
 
-// TestFrozenResumeFreesItsKeyAfterTheLease: the same for a resume (a
+// TestFrozenResumeFreesItsKeyAfterIdleTimeout: the same for a resume (a
 // sweeper's completer, Engine.Resume) whose next step is atomic, so its
 // takeover is made in that step's transaction: a completer frozen in it
-// holds the key only until the server ends the transaction, a lease later,
-// and another resume finishes the workflow, once.
-func TestFrozenResumeFreesItsKeyAfterTheLease(t *testing.T) {
+// holds the key only until the server ends the transaction, IdleTimeout
+// later, and another resume finishes the workflow, once.
+func TestFrozenResumeFreesItsKeyAfterIdleTimeout(t *testing.T) {
 	w := newWorld(t)
-	const lease = 500 * time.Millisecond
+	const idle = 500 * time.Millisecond
 	entered, wake := make(chan struct{}), make(chan struct{})
 	var finishes atomic.Int32
 	wf := workflow.Define("frozen_resume",
@@ -150,7 +151,7 @@ func TestFrozenResumeFreesItsKeyAfterTheLease(t *testing.T) {
 			_, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, r.State.OrderID)
 			return err
 		}))
-	e := w.engine(workflow.Config{Lease: lease, Workflows: []workflow.Definition{wf}})
+	e := w.engine(workflow.Config{IdleTimeout: idle, Workflows: []workflow.Definition{wf}})
 	_, err := wf.Run(w.ctx, e, acme, order)
 	require.Error(t, err)
 	require.NoError(t, e.Store().ExpireLease(w.ctx, acme))
@@ -163,7 +164,7 @@ func TestFrozenResumeFreesItsKeyAfterTheLease(t *testing.T) {
 	defer close(wake)
 	<-entered
 
-	deadline := time.Now().Add(60 * lease)
+	deadline := time.Now().Add(60 * idle)
 	var (
 		inFlight *recovery.InFlightError
 		res      *workflow.Result
@@ -173,9 +174,9 @@ func TestFrozenResumeFreesItsKeyAfterTheLease(t *testing.T) {
 		if !errors.As(err, &inFlight) || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(lease / 10)
+		time.Sleep(idle / 10)
 	}
-	require.NoError(t, err, "the frozen resume's transaction still holds the key after %s", 60*lease)
+	require.NoError(t, err, "the frozen resume's transaction still holds the key after %s", 60*idle)
 	require.False(t, res.Replayed)
 	require.EqualValues(t, 3, finishes.Load())
 
@@ -183,6 +184,116 @@ func TestFrozenResumeFreesItsKeyAfterTheLease(t *testing.T) {
 	require.Error(t, <-first, "the frozen resume's transaction was ended: its commit fails")
 	require.Equal(t, 1, w.orders())
 	require.Equal(t, 1, w.count(`SELECT count(*) FROM orders WHERE status = 'paid'`), "the frozen update rolled back")
+}
+
+// TestSlowFirstPhaseOutlivesItsLease: a live first phase that pauses
+// between its statements for longer than the lease (but within
+// IdleTimeout) keeps its key and commits: the lease does not bound a
+// transaction that holds the key by being open.
+func TestSlowFirstPhaseOutlivesItsLease(t *testing.T) {
+	w := newWorld(t)
+	const lease = 200 * time.Millisecond
+	var calls atomic.Int32
+	wf := workflow.Define("slow_first_phase_lease",
+		phase.Atomic("create", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, Paid]) error {
+			calls.Add(1)
+			if _, err := tx.Exec(ctx, `INSERT INTO orders (tenant, key, customer, amount, status)
+				VALUES ($1, $2, $3, $4, 'new')`, r.Key.Tenant, r.Key.ID, r.Request.Customer, r.Request.Amount); err != nil {
+				return err
+			}
+			time.Sleep(3 * lease)
+			_, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE key = $1`, r.Key.ID)
+			return err
+		}))
+	res, err := wf.Run(w.ctx, w.engine(workflow.Config{Lease: lease, MaxAttempts: 1}), acme, order)
+	require.NoError(t, err)
+	require.False(t, res.Failed)
+	require.EqualValues(t, 1, calls.Load())
+	require.Equal(t, 1, w.count(`SELECT count(*) FROM orders WHERE status = 'paid'`))
+}
+
+// TestWokenFirstPhaseLeavesTheRetryAlone: a first phase whose transaction
+// the server ended (IdleTimeout) wakes while a retry holds the key and
+// runs. Its commit, which carried the record's insert, fails; what it
+// writes next is a fenced update, which finds no record, so it writes
+// nothing: with MaxAttempts 1 it used to insert a failed record outside
+// the key lock, and the retry's commit then failed on it, leaving a
+// stored 500 and no order.
+func TestWokenFirstPhaseLeavesTheRetryAlone(t *testing.T) {
+	w := newWorld(t)
+	const idle = 300 * time.Millisecond
+	p1In, p1Wake := make(chan struct{}), make(chan struct{})
+	p2In, p2Go := make(chan struct{}), make(chan struct{})
+	var wakeP1, letP2Go sync.Once
+	t.Cleanup(func() { // a failed test lets the phases end before the pool closes
+		wakeP1.Do(func() { close(p1Wake) })
+		letP2Go.Do(func() { close(p2Go) })
+	})
+	var calls atomic.Int32
+	wf := workflow.Define("woken_first_phase",
+		phase.Atomic("create", func(ctx context.Context, tx pgx.Tx, r *phase.Run[Order, Paid]) error {
+			n := calls.Add(1)
+			if _, err := tx.Exec(ctx, `INSERT INTO orders (tenant, key, customer, amount, status)
+				VALUES ($1, $2, $3, $4, 'paid')`, r.Key.Tenant, r.Key.ID, r.Request.Customer, r.Request.Amount); err != nil {
+				return err
+			}
+			switch n {
+			case 1:
+				close(p1In)
+				<-p1Wake
+			case 2:
+				close(p2In)
+				<-p2Go
+			}
+			return nil
+		}))
+	e := w.engine(workflow.Config{IdleTimeout: idle, MaxAttempts: 1})
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() {
+		_, err := wf.Run(w.ctx, e, acme, order)
+		first <- err
+	}()
+	<-p1In
+	// The retry runs once the server has ended the first transaction.
+	go func() {
+		var inFlight *recovery.InFlightError
+		deadline := time.Now().Add(60 * idle)
+		for {
+			_, err := wf.Run(w.ctx, e, acme, order)
+			if !errors.As(err, &inFlight) || time.Now().After(deadline) {
+				second <- err
+				return
+			}
+			time.Sleep(idle / 10)
+		}
+	}()
+	select {
+	case <-p2In:
+	case err := <-second:
+		require.FailNow(t, "the retry never got the key", "%v", err)
+	}
+	wakeP1.Do(func() { close(p1Wake) })
+	within(t, first, 60*idle) // its commit failed; what it answers is the next lines' concern
+	letP2Go.Do(func() { close(p2Go) })
+	require.NoError(t, within(t, second, 60*idle))
+
+	res, err := wf.Run(w.ctx, e, acme, order)
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.False(t, res.Failed, "the retry's answer is stored, not the woken attempt's failure: %s", res.Response.Body)
+	require.Equal(t, 1, w.orders())
+}
+
+// within returns what ch gives within d, and fails the test past it.
+func within[T any](t *testing.T, ch <-chan T, d time.Duration) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		require.FailNow(t, "no answer", "within %s", d)
+		panic("unreachable")
+	}
 }
 
 // TestDBTimeoutBoundsTheClaim: a database that does not answer (its key

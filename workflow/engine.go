@@ -61,13 +61,21 @@ type Config struct {
 	// the key's lock (migration 0017), and a new record is inserted only
 	// when the phase commits (0019), so no one can take the key over while
 	// it runs and a concurrent duplicate gets ErrInFlight at once. Keep
-	// first phases short: the key is held for as long as they run. The
-	// lease bounds how long that transaction may wait on this process
-	// between statements: the claim sets idle_in_transaction_session_timeout
-	// to it (unless the role or session set one), so that a process frozen
-	// or cut off from the server in its first phase has its transaction
-	// ended by the server and the key freed, rolled back, within a lease.
+	// first phases short: the key is held for as long as they run, and
+	// IdleTimeout, not the lease, bounds a first phase whose process went
+	// silent.
 	Lease time.Duration
+
+	// IdleTimeout bounds how long the transaction of a first atomic phase
+	// (or of a resumed atomic step, whose takeover it carries) may wait on
+	// this process between statements: past it, PostgreSQL ends the
+	// transaction, rolling the phase back, so that a process frozen or cut
+	// off from the server frees the key instead of holding it until TCP
+	// keepalives notice, hours by default. A live phase that waits that
+	// long is ended too, and its attempt fails. A role or session that
+	// sets its own idle_in_transaction_session_timeout keeps it. 0 means
+	// recovery.IdleTimeoutDefault (1 minute); negative sets nothing.
+	IdleTimeout time.Duration
 
 	// MaxAttempts is how many attempts may end without finishing (an error,
 	// a panic, a crash, a deadline) before the key fails terminally with a
@@ -149,7 +157,7 @@ type Config struct {
 }
 
 // withDefaults returns cfg with each zero field set to its default. The
-// lease, schema and stored headers are the store's to fill
+// lease, idle timeout, schema and stored headers are the store's to fill
 // (recovery.Config).
 func (cfg Config) withDefaults() Config {
 	cfg.DBTimeout = cmp.Or(cfg.DBTimeout, DBTimeoutDefault)
@@ -251,7 +259,7 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	store, err := recovery.New(db, recovery.Config{
-		Schema: cfg.Schema, ResponseHeaders: cfg.ResponseHeaders, Lease: cfg.Lease,
+		Schema: cfg.Schema, ResponseHeaders: cfg.ResponseHeaders, Lease: cfg.Lease, IdleTimeout: cfg.IdleTimeout,
 	})
 	if err != nil {
 		return nil, err

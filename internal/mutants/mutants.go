@@ -39,6 +39,14 @@ var mutants = []Mutant{
 		Pkg: "./recovery", Run: "^TestPipelinedClaimBoundsItsTransaction$",
 	},
 	{
+		Name:   "failed-commit-insert-retried",
+		Breaks: "an attempt whose commit carried its record's insert and failed (its transaction ended by the server) inserts the record later, outside the key lock: a failed record over the retry that took the key meanwhile",
+		Edits: []Edit{{File: "recovery/pipeline.go",
+			Old: "\tf.unwritten.inserted.Store(true) // landed or not, no later write inserts it\n\tif err != nil {",
+			New: "\tif err != nil {"}},
+		Pkg: "./workflow", Run: "^TestWokenFirstPhaseLeavesTheRetryAlone$",
+	},
+	{
 		Name:   "atomic-claim-committed-alone",
 		Breaks: "an Atomic claim's transaction commits before the handler runs, so the key's lock is gone while it runs: a duplicate runs the handler too, and a request commits twice",
 		Edits: []Edit{{File: "idemhttp/middleware.go",
