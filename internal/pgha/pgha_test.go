@@ -53,7 +53,7 @@ func TestFormationFailover(t *testing.T) {
 	// now a standby that refuses writes (target_session_attrs=read-write).
 	require.Equal(t, first, f.Nodes()[0], "the first primary is the URL's first host")
 	exec(t, f.URL(), `INSERT INTO kept VALUES ('after the rejoin')`)
-	require.Eventually(t, func() bool { return len(rows(t, f.NodeURL(killed))) == 3 }, bound, 50*time.Millisecond,
+	require.Eventually(t, func() bool { v, err := tryRows(f.NodeURL(killed)); return err == nil && len(v) == 3 }, bound, 50*time.Millisecond,
 		"the old primary replicates the new one's commits")
 
 	dir := f.Dir()
@@ -78,7 +78,7 @@ func TestFormationAsyncLosesPausedCommits(t *testing.T) {
 	require.NoError(t, err)
 	other := otherNode(f, first)
 	exec(t, f.URL(), `CREATE TABLE kept (v text)`, `INSERT INTO kept VALUES ('replicated')`)
-	require.Eventually(t, func() bool { return len(rows(t, f.NodeURL(other))) == 1 }, bound, 50*time.Millisecond)
+	require.Eventually(t, func() bool { v, err := tryRows(f.NodeURL(other)); return err == nil && len(v) == 1 }, bound, 50*time.Millisecond)
 
 	resume, err := f.PauseReplication(ctx)
 	require.NoError(t, err)
@@ -133,11 +133,26 @@ func exec(t *testing.T, url string, statements ...string) {
 // rows returns the values in table kept, in order.
 func rows(t *testing.T, url string) []string {
 	t.Helper()
-	r, err := connect(t, url).Query(context.Background(), `SELECT v FROM kept ORDER BY v`)
-	require.NoError(t, err)
-	values, err := pgx.CollectRows(r, pgx.RowTo[string])
+	values, err := tryRows(url)
 	require.NoError(t, err)
 	return values
+}
+
+// tryRows is rows for a condition polled until it holds: on a standby
+// that has not replayed the table's creation yet, the query fails, and
+// failing the test from the poll's goroutine would hide why.
+func tryRows(url string) ([]string, error) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	r, err := conn.Query(ctx, `SELECT v FROM kept ORDER BY v`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(r, pgx.RowTo[string])
 }
 
 // processesIn lists the command lines of running processes that name
