@@ -24,6 +24,8 @@ func (e *engineStore) BeginAndClaim(ctx context.Context, conn batchConn, begin [
 
 func (e *engineStore) WithConn(conn DBTX) *Store { return e.store().withConn(conn) }
 
+func (e *engineStore) CommitUnknown(err error) bool { return commitUnknown(err) }
+
 func (e *engineStore) AdvanceAndCommit(ctx context.Context, conn batchConn, f Fence, recoveryPoint string, state []byte) error {
 	return e.store().advanceAndCommit(ctx, conn, f, recoveryPoint, state)
 }

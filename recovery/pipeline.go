@@ -152,11 +152,23 @@ func (s *Store) andCommit(ctx context.Context, conn batchConn, op string, f Fenc
 // the transaction is still open and aborted: roll it back.
 func (s *Store) insertAndCommit(ctx context.Context, conn batchConn, op string, f Fence, in insertion) error {
 	err := sendAndCommit(ctx, conn, s.sql.insert, s.insertArgs(f, in))
-	f.unwritten.inserted.Store(true) // landed or not, no later write inserts it
+	if err == nil || commitUnknown(err) {
+		f.unwritten.inserted.Store(true) // landed or may have: no later write inserts it
+	}
 	if err != nil {
 		return s.insertError(op+" and commit", f, err)
 	}
 	return nil
+}
+
+// commitUnknown reports whether err, from a statement sent with a COMMIT,
+// leaves the commit's outcome unknown: the connection was lost or the
+// server ended the session (a FATAL error), before or after committing.
+// An error the server answered in a session that goes on (severity ERROR)
+// means nothing was committed.
+func commitUnknown(err error) bool {
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr) || pgErr.Severity != "ERROR"
 }
 
 // sendAndCommit sends sql and a COMMIT in one batch.

@@ -22,11 +22,12 @@ type unwritten struct {
 	// inserted is set once a statement inserted the record. A transaction
 	// that then rolls back takes the row with it, and the fenced writes
 	// that follow find no record: the lease is lost, as it is. It is set
-	// too when a commit that carried the insert failed (insertAndCommit),
-	// whether or not the record landed: the key lock went with that
-	// transaction, and an insert made after it could land over the claim
-	// of an attempt that took the key meanwhile. The fenced writes that
-	// follow update the record if the commit landed, and find none if not.
+	// too when a commit that carried the insert failed with its outcome
+	// unknown (commitUnknown: the connection lost, the session ended by
+	// the server): the key lock went with that transaction, and an insert
+	// made after it could land over the claim of an attempt that took the
+	// key meanwhile. The fenced writes that follow update the record if
+	// the commit landed, and find none if not.
 	inserted atomic.Bool
 }
 
@@ -96,10 +97,12 @@ func (s *Store) insert(ctx context.Context, op string, f Fence, in insertion) er
 // insertError is what an insert's error means: a record committed for the
 // key meanwhile, which only a build from before migration 0014 can have
 // made (it claims without the key lock), took the key; this attempt lost
-// it, and its transaction rolls back.
+// it, and its transaction rolls back. A unique violation of another table
+// (a deferred constraint of the phase's own, checked at COMMIT) is the
+// phase's error, not a lost key.
 func (s *Store) insertError(op string, f Fence, err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == uniqueViolation {
+	if errors.As(err, &pgErr) && pgErr.Code == uniqueViolation && pgErr.TableName == "onceflow_keys" {
 		return lostLease(op, f)
 	}
 	return s.dbError(op+" key", err)

@@ -896,7 +896,12 @@ func (a *attempt[Req, State]) commitWith(ctx context.Context, commit func(seam.C
 		if errors.Is(err, ErrLeaseLost) {
 			return &lostLease{err}
 		}
-		a.claimOpen = false // the commit may have landed: write with the fence from now on
+		if seam.StoreOf(a.e.store).CommitUnknown(err) {
+			a.claimOpen = false // the commit may have landed: write with the fence from now on
+		}
+		// Otherwise the server refused the commit in a session that goes
+		// on: nothing was committed, and a claim it carried rolled back
+		// with it, as after a phase's error (recordAfterRollback).
 		return err
 	}
 	a.conn.Release()

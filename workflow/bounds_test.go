@@ -3,6 +3,7 @@ package workflow_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -282,6 +283,50 @@ func TestWokenFirstPhaseLeavesTheRetryAlone(t *testing.T) {
 	require.True(t, res.Replayed)
 	require.False(t, res.Failed, "the retry's answer is stored, not the woken attempt's failure: %s", res.Response.Body)
 	require.Equal(t, 1, w.orders())
+}
+
+// TestRefusedFirstCommitCountsAnAttempt: a first phase whose commit the
+// server refuses (a deferred constraint checked at COMMIT) committed
+// nothing, in a session that goes on: its attempt is counted like a
+// phase's error, and the MaxAttempts-th is stored as a 500, not answered
+// "lease lost" (409) for ever as if another attempt held the key. The
+// refusal of a deferred unique constraint of the phase's own is its error
+// too, not a lost key.
+func TestRefusedFirstCommitCountsAnAttempt(t *testing.T) {
+	w := newWorld(t)
+	_, err := w.db.Exec(w.ctx, `CREATE TABLE parents (id int PRIMARY KEY);
+		CREATE TABLE children (parent int REFERENCES parents DEFERRABLE INITIALLY DEFERRED);
+		CREATE TABLE singles (v int, UNIQUE (v) DEFERRABLE INITIALLY DEFERRED);
+		INSERT INTO singles VALUES (1)`)
+	require.NoError(t, err)
+	for _, c := range []struct{ name, insert string }{
+		{"foreign key", `INSERT INTO children VALUES (1)`},
+		{"unique", `INSERT INTO singles VALUES (1)`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			wf := workflow.Define("refused_"+strings.ReplaceAll(c.name, " ", "_"),
+				phase.Atomic("create", func(ctx context.Context, tx pgx.Tx, _ *phase.Run[Order, Paid]) error {
+					_, err := tx.Exec(ctx, c.insert)
+					return err
+				}),
+				phase.Atomic("next", func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error { return nil }))
+			e := w.engine(workflow.Config{MaxAttempts: 2})
+			key := workflow.Key{Tenant: "acme", ID: c.name}
+			_, err := wf.Run(w.ctx, e, key, order)
+			require.Error(t, err)
+			require.NotErrorIs(t, err, workflow.ErrLeaseLost)
+			rec, err := e.Store().Load(w.ctx, key)
+			require.NoError(t, err, "the refused attempt is recorded")
+			require.Equal(t, 1, rec.Attempts)
+			res, err := wf.Run(w.ctx, e, key, order)
+			require.NoError(t, err)
+			require.True(t, res.Failed, "the second refusal spends MaxAttempts")
+			require.Equal(t, 500, res.Response.Status)
+			res, err = wf.Run(w.ctx, e, key, order)
+			require.NoError(t, err)
+			require.True(t, res.Replayed && res.Failed)
+		})
+	}
 }
 
 // within returns what ch gives within d, and fails the test past it.

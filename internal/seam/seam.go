@@ -28,6 +28,7 @@ type Conn = interface {
 type Store interface {
 	BeginAndClaim(ctx context.Context, conn Conn, begin []string, p recovery.ClaimParams) (*recovery.Record, recovery.Outcome, error)
 	WithConn(conn recovery.DBTX) *recovery.Store
+	CommitUnknown(err error) bool
 	AdvanceAndCommit(ctx context.Context, conn Conn, f recovery.Fence, recoveryPoint string, state []byte) error
 	CompleteAndCommit(ctx context.Context, conn Conn, f recovery.Fence, recoveryPoint string, state []byte, resp recovery.Response) error
 	CompleteAfter(ctx context.Context, f recovery.Fence, recoveryPoint string, state []byte, resp recovery.Response) error
