@@ -196,11 +196,12 @@ func TestPipelinedClaimBoundsItsTransaction(t *testing.T) {
 	require.NoError(t, tx.Rollback(b.ctx))
 
 	// A Store with a negative IdleTimeout sets nothing; one with its own
-	// sets that, rounded up to whole milliseconds.
+	// sets that, rounded up to whole milliseconds (long enough that a
+	// loaded machine's pause before the next statement does not reach it).
 	for _, c := range []struct {
 		idle time.Duration
 		want string
-	}{{-1, "0"}, {1500 * time.Microsecond, "2"}} {
+	}{{-1, "0"}, {90*time.Second + time.Microsecond, "90001"}} {
 		store, err := recovery.New(b.db, recovery.Config{IdleTimeout: c.idle})
 		require.NoError(t, err)
 		_, outcome, err := seam.StoreOf(store).BeginAndClaim(b.ctx, conn, []string{"begin"},

@@ -87,6 +87,7 @@ func TestFrozenFirstPhaseFreesItsKeyAfterIdleTimeout(t *testing.T) {
 			return nil
 		}))
 	e := w.engine(workflow.Config{IdleTimeout: idle})
+	retrying := w.engine(workflow.Config{}) // its own claims are not cut short on a loaded machine
 	first := make(chan error, 1)
 	go func() {
 		_, err := wf.Run(w.ctx, e, acme, order)
@@ -96,7 +97,7 @@ func TestFrozenFirstPhaseFreesItsKeyAfterIdleTimeout(t *testing.T) {
 	<-entered
 
 	var inFlight *recovery.InFlightError
-	_, err := wf.Run(w.ctx, e, acme, order)
+	_, err := wf.Run(w.ctx, retrying, acme, order)
 	require.ErrorAs(t, err, &inFlight, "the frozen transaction holds the key")
 
 	// Retries until the key is free, as a client would; the bound is many
@@ -104,7 +105,7 @@ func TestFrozenFirstPhaseFreesItsKeyAfterIdleTimeout(t *testing.T) {
 	deadline := time.Now().Add(60 * idle)
 	var res *workflow.Result
 	for {
-		res, err = wf.Run(w.ctx, e, acme, order)
+		res, err = wf.Run(w.ctx, retrying, acme, order)
 		if !errors.As(err, &inFlight) || time.Now().After(deadline) {
 			break
 		}
@@ -153,6 +154,7 @@ func TestFrozenResumeFreesItsKeyAfterIdleTimeout(t *testing.T) {
 			return err
 		}))
 	e := w.engine(workflow.Config{IdleTimeout: idle, Workflows: []workflow.Definition{wf}})
+	retrying := w.engine(workflow.Config{Workflows: []workflow.Definition{wf}})
 	_, err := wf.Run(w.ctx, e, acme, order)
 	require.Error(t, err)
 	require.NoError(t, e.Store().ExpireLease(w.ctx, acme))
@@ -171,7 +173,7 @@ func TestFrozenResumeFreesItsKeyAfterIdleTimeout(t *testing.T) {
 		res      *workflow.Result
 	)
 	for {
-		res, err = e.Resume(w.ctx, acme)
+		res, err = retrying.Resume(w.ctx, acme)
 		if !errors.As(err, &inFlight) || time.Now().After(deadline) {
 			break
 		}
@@ -249,6 +251,9 @@ func TestWokenFirstPhaseLeavesTheRetryAlone(t *testing.T) {
 			return nil
 		}))
 	e := w.engine(workflow.Config{IdleTimeout: idle, MaxAttempts: 1})
+	// The retry waits in its phase for the first attempt to wake: its
+	// engine keeps the default IdleTimeout.
+	retrying := w.engine(workflow.Config{MaxAttempts: 1})
 	first, second := make(chan error, 1), make(chan error, 1)
 	go func() {
 		_, err := wf.Run(w.ctx, e, acme, order)
@@ -260,7 +265,7 @@ func TestWokenFirstPhaseLeavesTheRetryAlone(t *testing.T) {
 		var inFlight *recovery.InFlightError
 		deadline := time.Now().Add(60 * idle)
 		for {
-			_, err := wf.Run(w.ctx, e, acme, order)
+			_, err := wf.Run(w.ctx, retrying, acme, order)
 			if !errors.As(err, &inFlight) || time.Now().After(deadline) {
 				second <- err
 				return
@@ -278,7 +283,7 @@ func TestWokenFirstPhaseLeavesTheRetryAlone(t *testing.T) {
 	letP2Go.Do(func() { close(p2Go) })
 	require.NoError(t, within(t, second, 60*idle))
 
-	res, err := wf.Run(w.ctx, e, acme, order)
+	res, err := wf.Run(w.ctx, retrying, acme, order)
 	require.NoError(t, err)
 	require.True(t, res.Replayed)
 	require.False(t, res.Failed, "the retry's answer is stored, not the woken attempt's failure: %s", res.Response.Body)
