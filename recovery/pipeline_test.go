@@ -145,18 +145,18 @@ func TestPipelinedClaimBoundsItsTransaction(t *testing.T) {
 		_, err := conn.Exec(b.ctx, `ROLLBACK`)
 		require.NoError(t, err)
 	}
-	lease := strconv.FormatInt(recovery.IdleTimeoutDefault.Milliseconds(), 10) // the default IdleTimeout
+	bound := strconv.FormatInt(recovery.IdleTimeoutDefault.Milliseconds(), 10) // the default IdleTimeout
 
 	require.Equal(t, "0", idle(), "the test server sets no timeout")
 	require.Equal(t, recovery.OutcomeNew, claim("k1"))
-	require.Equal(t, lease, idle(), "a new key's transaction is bounded by IdleTimeout")
+	require.Equal(t, bound, idle(), "a new key's transaction is bounded by IdleTimeout")
 	rollback()
 	require.Equal(t, "0", idle(), "for that transaction alone")
 
 	b.claim(t, params(t, recovery.Key{Tenant: "acme", ID: "k2"}, `{}`))
 	b.expire(t, recovery.Key{Tenant: "acme", ID: "k2"})
 	require.Equal(t, recovery.OutcomeTakeover, claim("k2"))
-	require.Equal(t, lease, idle(), "a takeover's transaction too")
+	require.Equal(t, bound, idle(), "a takeover's transaction too")
 	rollback()
 
 	done, _ := b.claim(t, params(t, recovery.Key{Tenant: "acme", ID: "k3"}, `{}`))
@@ -175,7 +175,7 @@ func TestPipelinedClaimBoundsItsTransaction(t *testing.T) {
 	_, outcome, err := seam.StoreOf(b.store.WithTx(tx)).Takeover(b.ctx, k5, "checkout")
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeTakeover, outcome)
-	require.Equal(t, lease, idle(), "a resume's takeover in a transaction bounds it")
+	require.Equal(t, bound, idle(), "a resume's takeover in a transaction bounds it")
 	require.NoError(t, tx.Rollback(b.ctx))
 	tx, err = conn.Begin(b.ctx)
 	require.NoError(t, err)
@@ -192,7 +192,7 @@ func TestPipelinedClaimBoundsItsTransaction(t *testing.T) {
 	_, outcome, err = b.store.WithTx(tx).Claim(b.ctx, params(t, recovery.Key{Tenant: "acme", ID: "k6"}, `{}`))
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeNew, outcome)
-	require.Equal(t, lease, idle(), "a claim in the caller's transaction bounds it")
+	require.Equal(t, bound, idle(), "a claim in the caller's transaction bounds it")
 	require.NoError(t, tx.Rollback(b.ctx))
 
 	// A Store with a negative IdleTimeout sets nothing; one with its own

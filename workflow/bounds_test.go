@@ -100,17 +100,7 @@ func TestFrozenFirstPhaseFreesItsKeyAfterIdleTimeout(t *testing.T) {
 	_, err := wf.Run(w.ctx, retrying, acme, order)
 	require.ErrorAs(t, err, &inFlight, "the frozen transaction holds the key")
 
-	// Retries until the key is free, as a client would; the bound is many
-	// timeouts, so that only a key held for good fails the test.
-	deadline := time.Now().Add(60 * idle)
-	var res *workflow.Result
-	for {
-		res, err = wf.Run(w.ctx, retrying, acme, order)
-		if !errors.As(err, &inFlight) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(idle / 10)
-	}
+	res, err := untilKeyFree(idle, func() (*workflow.Result, error) { return wf.Run(w.ctx, retrying, acme, order) })
 	require.NoError(t, err, "the frozen transaction still holds the key after %s", 60*idle)
 	require.False(t, res.Replayed)
 	require.EqualValues(t, 2, calls.Load())
@@ -167,18 +157,7 @@ func TestFrozenResumeFreesItsKeyAfterIdleTimeout(t *testing.T) {
 	defer close(wake)
 	<-entered
 
-	deadline := time.Now().Add(60 * idle)
-	var (
-		inFlight *recovery.InFlightError
-		res      *workflow.Result
-	)
-	for {
-		res, err = retrying.Resume(w.ctx, acme)
-		if !errors.As(err, &inFlight) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(idle / 10)
-	}
+	res, err := untilKeyFree(idle, func() (*workflow.Result, error) { return retrying.Resume(w.ctx, acme) })
 	require.NoError(t, err, "the frozen resume's transaction still holds the key after %s", 60*idle)
 	require.False(t, res.Replayed)
 	require.EqualValues(t, 3, finishes.Load())
@@ -262,16 +241,8 @@ func TestWokenFirstPhaseLeavesTheRetryAlone(t *testing.T) {
 	<-p1In
 	// The retry runs once the server has ended the first transaction.
 	go func() {
-		var inFlight *recovery.InFlightError
-		deadline := time.Now().Add(60 * idle)
-		for {
-			_, err := wf.Run(w.ctx, retrying, acme, order)
-			if !errors.As(err, &inFlight) || time.Now().After(deadline) {
-				second <- err
-				return
-			}
-			time.Sleep(idle / 10)
-		}
+		_, err := untilKeyFree(idle, func() (*workflow.Result, error) { return wf.Run(w.ctx, retrying, acme, order) })
+		second <- err
 	}()
 	select {
 	case <-p2In:
@@ -331,6 +302,21 @@ func TestRefusedFirstCommitCountsAnAttempt(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, res.Replayed && res.Failed)
 		})
+	}
+}
+
+// untilKeyFree runs run again while it answers "in flight", as a client
+// would, for up to 60 times idle: many server timeouts, so that only a key
+// held for good fails the caller's test. It returns run's last answer.
+func untilKeyFree(idle time.Duration, run func() (*workflow.Result, error)) (*workflow.Result, error) {
+	deadline := time.Now().Add(60 * idle)
+	for {
+		res, err := run()
+		var inFlight *recovery.InFlightError
+		if !errors.As(err, &inFlight) || time.Now().After(deadline) {
+			return res, err
+		}
+		time.Sleep(idle / 10)
 	}
 }
 
