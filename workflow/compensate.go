@@ -96,19 +96,16 @@ func (a *attempt[Req, State]) giveUp(ctx context.Context, step string, rec *reco
 
 // refused reports whether the step at index failing, which ended the
 // workflow with cause (abort, its Abort's response), did nothing to undo:
-// it aborted (it decided instead of acting), or its call was refused for
-// good (a permanent error) and no earlier call of it can have reached the
+// it aborted (it decided instead of acting) or its call was refused for
+// good (a permanent error), and no earlier call of it can have reached the
 // other system. An earlier one can have when an earlier attempt may have
 // made it (this attempt took the record over, and the step is the first
 // after the recovery point it found) or an earlier try of this attempt's
-// did (foreign.Retry): a refusal of the repeat (409, the key in use) says
-// nothing of what the first call did.
+// did (foreign.Retry): neither this try's decision nor a refusal of the
+// repeat (409, the key in use) says anything of what the first call did.
 func (a *attempt[Req, State]) refused(failing int, cause error, abort *Response) bool {
-	if abort != nil {
-		return true
-	}
-	if !phase.IsPermanent(cause) || !a.placed {
-		return false // not the step's own refusal
+	if !a.placed || (abort == nil && !phase.IsPermanent(cause)) {
+		return false // not the step's own decision or refusal
 	}
 	calledBefore := (a.outcome == recovery.OutcomeTakeover && failing == a.first) ||
 		a.retriedStep == a.w.steps[min(failing, len(a.w.steps)-1)].Name()

@@ -79,6 +79,72 @@ func TestARefusalAfterATryThatMayHaveChargedIsUndone(t *testing.T) {
 	require.Equal(t, recovery.StatusCompensated, w.record(acme).Status)
 }
 
+// TestAnAbortAfterATakeoverUndoesTheEarlierAttemptsCall: the charge
+// reached the provider and the process died before committing it. The
+// retry takes the record over and the same step now decides not to charge
+// (an offer closed, a fraud check) and aborts before calling. The decision
+// says nothing of the first attempt's charge, which stands: it is refunded,
+// and the Abort's answer is the key's.
+func TestAnAbortAfterATakeoverUndoesTheEarlierAttemptsCall(t *testing.T) {
+	w := newWorld(t)
+	s := newSaga(w)
+	s.fail["charge"] = func(attempt int) error {
+		if attempt > 1 {
+			return workflow.Abort(workflow.Problem(http.StatusConflict, "the offer closed"))
+		}
+		return nil
+	}
+	crash := w.engine(workflow.Config{Hooks: &workflow.Hooks{CrashPoint: func(_ context.Context, _ workflow.Key, p workflow.CrashPoint) error {
+		if p == (workflow.CrashPoint{Kind: workflow.AfterForeignCall, Step: "charge"}) {
+			return errors.New("killed")
+		}
+		return nil
+	}}})
+	_, err := s.workflow().Run(w.ctx, crash, acme, order)
+	require.ErrorIs(t, err, workflow.ErrCrashed)
+	require.Equal(t, 1, w.provider.Effects("charges"))
+	require.NoError(t, crash.Store().ExpireLease(w.ctx, acme))
+
+	res, err := s.workflow().Run(w.ctx, w.engine(workflow.Config{}), acme, order)
+	require.NoError(t, err)
+	require.True(t, res.Compensated, "failed %v", res.Failed)
+	require.Equal(t, http.StatusConflict, res.Response.Status)
+	require.Equal(t, 1, w.provider.Effects("charges"))
+	require.Equal(t, 1, w.provider.Effects("refunds"), "the charge the first attempt made is refunded")
+	require.Equal(t, 1, w.provider.Effects("releases"))
+	require.Equal(t, recovery.StatusCompensated, w.record(acme).Status)
+}
+
+// TestAnAbortAfterATryThatMayHaveChargedIsUndone: within one attempt, the
+// first try of the charge reaches the provider but its answer is lost (the
+// try times out); before the next try the step decides to abort. The first
+// try's charge stands and must be refunded.
+func TestAnAbortAfterATryThatMayHaveChargedIsUndone(t *testing.T) {
+	w := newWorld(t)
+	s := newSaga(w)
+	const try = 200 * time.Millisecond
+	var tries atomic.Int32
+	charge := s.call("charges")
+	wf := workflow.Define("aborted_saga",
+		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Order, Paid]) error {
+			if tries.Add(1) > 1 {
+				return workflow.Abort(workflow.Problem(http.StatusConflict, "the offer closed"))
+			}
+			return charge(ctx, c)
+		}, s.undo("refunds"), foreign.Retry{Max: 2, Base: time.Millisecond}, foreign.Timeout(try)),
+		atomicStep("record", func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error { return nil }),
+	)
+	w.provider.Fail("charges", testapp.Fault{Hang: true})
+
+	res, err := wf.Run(w.ctx, w.engine(workflow.Config{}), acme, order)
+	require.NoError(t, err)
+	require.True(t, res.Compensated, "failed %v", res.Failed)
+	require.Equal(t, int32(2), tries.Load())
+	require.Equal(t, 1, w.provider.Effects("charges"))
+	require.Equal(t, 1, w.provider.Effects("refunds"), "the charge the lost try made is refunded")
+	require.Equal(t, recovery.StatusCompensated, w.record(acme).Status)
+}
+
 // unreadableOrder is a request type the saga's stored requests do not
 // decode into: a release whose request changed shape, resuming records an
 // earlier one wrote.

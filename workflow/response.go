@@ -79,8 +79,11 @@ func Reject(resp Response) error { return &outcome{resp: resp, reject: true} }
 // of no return (Workflow.PointOfNoReturn), the engine undoes what its
 // foreign steps did, running the compensation (foreign.Compensate) of each
 // started one, latest first, then stores resp as the key's response; the
-// record ends compensated. The step that aborts is not compensated: it
-// decided instead of acting. Returned from an atomic phase, the phase's
+// record ends compensated. The step that aborts is not compensated, since
+// it decided instead of acting, unless an earlier attempt (this one took
+// the record over at that step) or an earlier foreign.Retry try of it may
+// have called the other system: that call is undone. Returned from an
+// atomic phase, the phase's
 // writes commit with the decision (mark the order cancelled). After the
 // point of no return nothing is undone: resp is stored and the record ends
 // failed.

@@ -287,6 +287,13 @@ var mutants = []Mutant{
 		Pkg: "./workflow", Run: "^TestARefusalAfterATryThatMayHaveChargedIsUndone$",
 	},
 	{
+		Name:   "abort-taken-as-nothing-done",
+		Breaks: "an Abort is taken for a step that did nothing, though an earlier attempt or try of it may have called the other system, and that call is never undone",
+		Edits: []Edit{{File: "workflow/compensate.go",
+			Old: "\treturn !calledBefore\n}", New: "\treturn abort != nil || !calledBefore\n}"}},
+		Pkg: "./workflow", Run: "^(TestAnAbortAfterATakeoverUndoesTheEarlierAttemptsCall|TestAnAbortAfterATryThatMayHaveChargedIsUndone)$",
+	},
+	{
 		Name:   "compensating-failure-as-forward",
 		Breaks: "a compensating record whose attempts fail before reaching the compensations never counts them, and is taken over for ever",
 		Edits: []Edit{{File: "workflow/attempt.go",
