@@ -491,3 +491,60 @@ func TestCaughtStatementErrorIsNotStored(t *testing.T) {
 		})
 	}
 }
+
+// TestHandlerThatRestartsItsTransactionFailsTheKey: a handler ends its
+// transaction and leaves another open in its place (COMMIT AND CHAIN in a
+// string of statements, seen before the commit; or on the simple protocol
+// with arguments, seen only by the commit's check of the transaction's
+// mark). Its first write is committed without the response, so running it
+// again would write twice: the key fails for good, with a stored 500 every
+// retry gets, and the handler runs once. The write after the restart is
+// never committed.
+//
+// Before the fix, the response committed with the replacing transaction as
+// if nothing happened, and a crash before it left a retry to write again.
+func TestHandlerThatRestartsItsTransactionFailsTheKey(t *testing.T) {
+	t.Parallel()
+	sends := map[string]func(ctx context.Context, tx pgx.Tx) error{
+		"seen before the commit": func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO charges (body) VALUES ('a'); COMMIT AND CHAIN; INSERT INTO charges (body) VALUES ('b')`)
+			return err
+		},
+		"seen at the commit": func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO charges (body) VALUES ($1); COMMIT AND CHAIN; INSERT INTO charges (body) VALUES ('b')`,
+				pgx.QueryExecModeSimpleProtocol, "a")
+			return err
+		},
+	}
+	for name, send := range sends {
+		for _, atomic := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/atomic=%v", name, atomic), func(t *testing.T) {
+				s := newServer(t, idemhttp.Config{Atomic: atomic})
+				s.handle = func(w http.ResponseWriter, r *http.Request) {
+					tx, err := idemhttp.Tx(r.Context())
+					if err == nil {
+						err = send(r.Context(), tx)
+					}
+					if err != nil {
+						http.Error(w, err.Error(), 500)
+						return
+					}
+					w.WriteHeader(http.StatusCreated)
+				}
+				first := s.post("/v1/charges", "k1", "acme", `{"amount": 100}`)
+				require.Equal(t, http.StatusInternalServerError, first.status, first.body)
+				again := s.post("/v1/charges", "k1", "acme", `{"amount": 100}`)
+				require.Equal(t, http.StatusInternalServerError, again.status, again.body)
+				require.Equal(t, "true", again.header.Get(idemhttp.ReplayedHeader))
+				require.Equal(t, first.body, again.body)
+				require.EqualValues(t, 1, s.runs.Load())
+				var bodies []string
+				rows, err := s.db.Query(context.Background(), `SELECT body FROM charges ORDER BY id`)
+				require.NoError(t, err)
+				bodies, err = pgx.CollectRows(rows, pgx.RowTo[string])
+				require.NoError(t, err)
+				require.Equal(t, []string{"a"}, bodies, "the write the handler's own COMMIT committed, and nothing after it")
+			})
+		}
+	}
+}

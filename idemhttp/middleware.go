@@ -117,7 +117,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rec     *recovery.Record
 		outcome recovery.Outcome
 		sent    time.Time
-		open    *pgxpool.Conn // Atomic: the connection whose transaction the claim opened
+		open    *opened // Atomic: the transaction the claim opened
 		params  = recovery.ClaimParams{Key: who.key, Workflow: op,
 			Fingerprint: fingerprint(op, r, body), Principal: who.principal, TraceParent: traceParent}
 	)
@@ -160,13 +160,20 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // them would refuse with a serialization failure.
 const beginSQL = "begin isolation level read committed"
 
-// claimOpening claims p for an Atomic handler: BEGIN and the claim in one
-// round trip, on a connection it returns with the transaction open when
-// the request is to run. A new record is not inserted yet (migration
-// 0019): the response inserts it. For any other answer (a replay, a key
-// in flight) the transaction, which wrote nothing, is rolled back off the
-// caller's path.
-func (m *middleware) claimOpening(ctx context.Context, p recovery.ClaimParams) (*recovery.Record, recovery.Outcome, *pgxpool.Conn, error) {
+// opened is the transaction an Atomic claim opened: its connection, and
+// the mark it carries (opentx).
+type opened struct {
+	conn *pgxpool.Conn
+	mark string
+}
+
+// claimOpening claims p for an Atomic handler: BEGIN, the transaction's
+// mark and the claim in one round trip, on a connection it returns with
+// the transaction open when the request is to run. A new record is not
+// inserted yet (migration 0019): the response inserts it. For any other
+// answer (a replay, a key in flight) the transaction, which wrote nothing,
+// is rolled back off the caller's path.
+func (m *middleware) claimOpening(ctx context.Context, p recovery.ClaimParams) (*recovery.Record, recovery.Outcome, *opened, error) {
 	if err := m.gate.Enter(ctx); err != nil {
 		return nil, 0, nil, fmt.Errorf("%w: %w", recovery.ErrUnavailable, err)
 	}
@@ -175,12 +182,13 @@ func (m *middleware) claimOpening(ctx context.Context, p recovery.ClaimParams) (
 		m.gate.Leave()
 		return nil, 0, nil, fmt.Errorf("%w: %w", recovery.ErrUnavailable, err)
 	}
-	rec, outcome, err := seam.StoreOf(m.store).BeginAndClaim(ctx, conn, []string{beginSQL}, p)
+	mark := opentx.NewMark()
+	rec, outcome, err := seam.StoreOf(m.store).BeginAndClaim(ctx, conn, []string{beginSQL}, mark, p)
 	if err != nil || outcome == recovery.OutcomeReplay {
 		go m.rollBack(conn)
 		return rec, outcome, nil, err
 	}
-	return rec, outcome, conn, nil
+	return rec, outcome, &opened{conn: conn, mark: mark}, nil
 }
 
 // rollBack ends the transaction of conn, an Atomic claim's connection,
@@ -196,10 +204,10 @@ func (m *middleware) rollBack(conn *pgxpool.Conn) {
 // serve runs the handler for a claimed key, keeping its lease meanwhile
 // (the claim was sent at sent), and stores its response. The handler's
 // context ends when the lease is lost or may have ended. With open, the
-// connection an Atomic claim opened its transaction on, the handler's Tx
-// is that transaction, and no lease is kept: until it ends, the key's lock
-// keeps every other claim out.
-func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery.Record, sent time.Time, open *pgxpool.Conn) {
+// transaction an Atomic claim opened, the handler's Tx is that
+// transaction, and no lease is kept: until it ends, the key's lock keeps
+// every other claim out.
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery.Record, sent time.Time, open *opened) {
 	var out *recorder
 	var t *txHolder
 	var outcome handlerOutcome
@@ -236,13 +244,15 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery
 		m.answerUnstored(w, r, out, outcome)
 		return
 	}
-	err := t.end(cleanupCtx, func(conn *pgxpool.Conn) error {
+	err := t.end(cleanupCtx, func(conn *pgxpool.Conn, mark string) error {
 		if conn == nil {
 			return m.store.Complete(cleanupCtx, rec.Fence(), resp)
 		}
-		return seam.StoreOf(m.store).CompleteAndCommit(cleanupCtx, conn, rec.Fence(), "", nil, resp)
+		return seam.StoreOf(m.store).CompleteAndCommit(cleanupCtx, conn, mark, rec.Fence(), "", nil, resp)
 	})
 	switch {
+	case errors.Is(err, opentx.ErrEnded):
+		m.failEnded(cleanupCtx, w, r, rec, err)
 	case errors.Is(err, recovery.ErrLeaseLost):
 		m.expires(w, time.Time{})
 		writeProblem(w, &problem{status: http.StatusConflict, retryAfter: time.Second,
@@ -259,6 +269,23 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery
 		m.expires(w, time.Time{})
 		writeResponse(w, resp, false)
 	}
+}
+
+// failEnded fails the record of a request whose handler ended or
+// restarted its transaction (a COMMIT in a string of statements, COMMIT
+// AND CHAIN), found by the commit's check of the transaction's mark
+// (cause): the handler's writes may be committed without the response, and
+// running it again could make them twice. The failure is stored, so every
+// retry gets the same 500 and nothing runs again.
+func (m *middleware) failEnded(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *recovery.Record, cause error) {
+	m.logger.ErrorContext(r.Context(), "the handler ended or restarted its transaction; the request failed for good so that its writes are not made again",
+		slog.String("operation", rec.Workflow), slog.Any("error", cause))
+	resp := workflow.Problem(http.StatusInternalServerError, "the request failed and will not be retried: its handler ended its own transaction")
+	if err := m.store.Fail(ctx, rec.Fence(), resp, cause.Error()); err != nil {
+		m.logger.ErrorContext(r.Context(), "could not store the failure", slog.Any("error", err))
+	}
+	m.expires(w, time.Time{})
+	writeResponse(w, resp, false)
 }
 
 // resetIfReadOnly resets the middleware's pool when err is a write a
@@ -306,7 +333,7 @@ func (m *middleware) unprotected(w http.ResponseWriter, r *http.Request) {
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	out, t, outcome := m.handle(w, r, nil)
 	resp := out.response()
-	commit := func(conn *pgxpool.Conn) error {
+	commit := func(conn *pgxpool.Conn, _ string) error {
 		if conn == nil {
 			return nil
 		}
@@ -338,12 +365,12 @@ const (
 
 // handle runs the handler with a transaction to lend (Tx) and a recorder
 // in front of w, and returns the recorder, the transaction holder and how
-// the handler ended. The transaction is the one open on open, if set;
-// else it begins on first use.
-func (m *middleware) handle(w http.ResponseWriter, r *http.Request, open *pgxpool.Conn) (*recorder, *txHolder, handlerOutcome) {
+// the handler ended. The transaction is the one open, if set; else it
+// begins on first use.
+func (m *middleware) handle(w http.ResponseWriter, r *http.Request, open *opened) (*recorder, *txHolder, handlerOutcome) {
 	t := &txHolder{db: m.db, timeout: m.dbTimeout}
 	if open != nil {
-		t.conn, t.tx, t.gate = open, opentx.New(open.Conn(), ""), m.gate
+		t.conn, t.tx, t.gate = open.conn, opentx.New(open.conn.Conn(), "", open.mark), m.gate
 	}
 	r = r.WithContext(context.WithValue(r.Context(), txKey{}, t))
 	out := &recorder{header: http.Header{}, limit: m.maxResponse, w: w, tx: t}
@@ -419,17 +446,17 @@ func (t *txHolder) get(ctx context.Context) (pgx.Tx, error) {
 			return nil, fmt.Errorf("%w: %w", recovery.ErrUnavailable, err)
 		}
 		// The BEGIN goes with the handler's first statement.
-		t.conn, t.tx = conn, opentx.New(conn.Conn(), beginSQL)
+		t.conn, t.tx = conn, opentx.New(conn.Conn(), beginSQL, opentx.NewMark())
 	}
 	t.lent = true
 	return t.tx, nil
 }
 
 // end closes the holder and ends its transaction: with commit, which
-// commits it (and is called with nil when there was none), or, when commit
-// is nil or fails, by rolling it back. The connection goes back to the
-// pool.
-func (t *txHolder) end(ctx context.Context, commit func(*pgxpool.Conn) error) error {
+// commits it behind the check of its mark (and is called with nil when
+// there was none), or, when commit is nil or fails, by rolling it back.
+// The connection goes back to the pool.
+func (t *txHolder) end(ctx context.Context, commit func(conn *pgxpool.Conn, mark string) error) error {
 	t.mu.Lock()
 	t.closed = errTxDone
 	conn, tx, gate := t.conn, t.tx, t.gate
@@ -441,11 +468,13 @@ func (t *txHolder) end(ctx context.Context, commit func(*pgxpool.Conn) error) er
 	}
 	var err error
 	if commit != nil {
+		mark := ""
 		if tx != nil {
 			err = tx.Open(ctx) // the handler sent nothing in it: the BEGIN is still to go
+			mark = tx.Mark()
 		}
 		if err == nil {
-			err = commit(conn)
+			err = commit(conn, mark)
 		}
 	}
 	if conn != nil {

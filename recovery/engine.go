@@ -18,20 +18,24 @@ func init() {
 
 func (e *engineStore) store() *Store { return (*Store)(e) }
 
-func (e *engineStore) BeginAndClaim(ctx context.Context, conn batchConn, begin []string, p ClaimParams) (*Record, Outcome, error) {
-	return e.store().beginAndClaim(ctx, conn, begin, p)
+func (e *engineStore) BeginAndClaim(ctx context.Context, conn batchConn, begin []string, mark string, p ClaimParams) (*Record, Outcome, error) {
+	return e.store().beginAndClaim(ctx, conn, begin, mark, p)
 }
 
 func (e *engineStore) WithConn(conn DBTX) *Store { return e.store().withConn(conn) }
 
 func (e *engineStore) CommitUnknown(err error) bool { return commitUnknown(err) }
 
-func (e *engineStore) AdvanceAndCommit(ctx context.Context, conn batchConn, f Fence, recoveryPoint string, state []byte) error {
-	return e.store().advanceAndCommit(ctx, conn, f, recoveryPoint, state)
+func (e *engineStore) AdvanceAndCommit(ctx context.Context, conn batchConn, mark string, f Fence, recoveryPoint string, state []byte) error {
+	return e.store().advanceAndCommit(ctx, conn, mark, f, recoveryPoint, state)
 }
 
-func (e *engineStore) CompleteAndCommit(ctx context.Context, conn batchConn, f Fence, recoveryPoint string, state []byte, resp Response) error {
-	return e.store().completeAndCommit(ctx, conn, f, recoveryPoint, state, resp)
+func (e *engineStore) CompleteAndCommit(ctx context.Context, conn batchConn, mark string, f Fence, recoveryPoint string, state []byte, resp Response) error {
+	return e.store().completeAndCommit(ctx, conn, mark, f, recoveryPoint, state, resp)
+}
+
+func (e *engineStore) CommitMarked(ctx context.Context, conn batchConn, mark string) error {
+	return e.store().commitMarked(ctx, conn, mark)
 }
 
 func (e *engineStore) CompleteAfter(ctx context.Context, f Fence, recoveryPoint string, state []byte, resp Response) error {

@@ -30,13 +30,13 @@ func TestPipelinedClaimAndCommit(t *testing.T) {
 	key := recovery.Key{Tenant: "acme", ID: "k1"}
 	conn := acquire(t, b)
 
-	rec, outcome, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, []string{"begin"}, params(t, key, `{}`))
+	rec, outcome, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, []string{"begin"}, "", params(t, key, `{}`))
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeNew, outcome)
 	require.Equal(t, byte('T'), conn.Conn().PgConn().TxStatus(), "the claim's transaction is open")
 	_, err = conn.Exec(b.ctx, `INSERT INTO effects VALUES ('first phase')`)
 	require.NoError(t, err)
-	require.NoError(t, seam.StoreOf(b.store).AdvanceAndCommit(b.ctx, conn, rec.Fence(), "first", []byte(`{"n":1}`)))
+	require.NoError(t, seam.StoreOf(b.store).AdvanceAndCommit(b.ctx, conn, "", rec.Fence(), "first", []byte(`{"n":1}`)))
 	require.Equal(t, byte('I'), conn.Conn().PgConn().TxStatus(), "committed")
 	require.Equal(t, "first", b.load(t, key).RecoveryPoint)
 
@@ -44,13 +44,13 @@ func TestPipelinedClaimAndCommit(t *testing.T) {
 	require.NoError(t, err)
 	_, err = conn.Exec(b.ctx, `INSERT INTO effects VALUES ('last phase')`)
 	require.NoError(t, err)
-	require.NoError(t, seam.StoreOf(b.store).CompleteAndCommit(b.ctx, conn, rec.Fence(), "last", []byte(`{"n":2}`), jsonResponse))
+	require.NoError(t, seam.StoreOf(b.store).CompleteAndCommit(b.ctx, conn, "", rec.Fence(), "last", []byte(`{"n":2}`), jsonResponse))
 	got := b.load(t, key)
 	require.Equal(t, recovery.StatusCompleted, got.Status)
 	require.Equal(t, jsonResponse.Body, got.Response.Body)
 
 	// A replay through the pipelined claim leaves a read-only transaction.
-	rec, outcome, err = seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, []string{"begin"}, params(t, key, `{}`))
+	rec, outcome, err = seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, []string{"begin"}, "", params(t, key, `{}`))
 	require.NoError(t, err)
 	require.Equal(t, recovery.OutcomeReplay, outcome)
 	require.Equal(t, jsonResponse.Body, rec.Response.Body)
@@ -75,10 +75,10 @@ func TestPipelinedCommitIsFenced(t *testing.T) {
 
 	for _, commit := range map[string]func(conn *pgxpool.Conn) error{
 		"advance": func(conn *pgxpool.Conn) error {
-			return seam.StoreOf(b.store).AdvanceAndCommit(b.ctx, conn, stale.Fence(), "step", nil)
+			return seam.StoreOf(b.store).AdvanceAndCommit(b.ctx, conn, "", stale.Fence(), "step", nil)
 		},
 		"complete": func(conn *pgxpool.Conn) error {
-			return seam.StoreOf(b.store).CompleteAndCommit(b.ctx, conn, stale.Fence(), "step", nil, jsonResponse)
+			return seam.StoreOf(b.store).CompleteAndCommit(b.ctx, conn, "", stale.Fence(), "step", nil, jsonResponse)
 		},
 	} {
 		conn := acquire(t, b)
@@ -104,13 +104,13 @@ func TestPipelinedClaimRacingAFirstClaim(t *testing.T) {
 	key := recovery.Key{Tenant: "acme", ID: "k1"}
 	p := params(t, key, `{}`)
 	first := acquire(t, b)
-	_, _, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, first, []string{"begin"}, p)
+	_, _, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, first, []string{"begin"}, "", p)
 	require.NoError(t, err)
 
 	// The second claim does not wait for the first's transaction (migration
 	// 0006): it is told at once that the key is in flight.
 	second := acquire(t, b)
-	_, _, err = seam.StoreOf(b.store).BeginAndClaim(b.ctx, second, []string{"begin"}, p)
+	_, _, err = seam.StoreOf(b.store).BeginAndClaim(b.ctx, second, []string{"begin"}, "", p)
 	var inFlight *recovery.InFlightError
 	require.ErrorAs(t, err, &inFlight)
 	_, err = first.Exec(b.ctx, `COMMIT`)
@@ -136,7 +136,7 @@ func TestPipelinedClaimBoundsItsTransaction(t *testing.T) {
 	}
 	claim := func(id string) recovery.Outcome {
 		t.Helper()
-		_, outcome, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, []string{"begin"}, params(t, recovery.Key{Tenant: "acme", ID: id}, `{}`))
+		_, outcome, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, []string{"begin"}, "", params(t, recovery.Key{Tenant: "acme", ID: id}, `{}`))
 		require.NoError(t, err)
 		return outcome
 	}
@@ -204,7 +204,7 @@ func TestPipelinedClaimBoundsItsTransaction(t *testing.T) {
 	}{{-1, "0"}, {90*time.Second + time.Microsecond, "90001"}} {
 		store, err := recovery.New(b.db, recovery.Config{IdleTimeout: c.idle})
 		require.NoError(t, err)
-		_, outcome, err := seam.StoreOf(store).BeginAndClaim(b.ctx, conn, []string{"begin"},
+		_, outcome, err := seam.StoreOf(store).BeginAndClaim(b.ctx, conn, []string{"begin"}, "",
 			params(t, recovery.Key{Tenant: "acme", ID: "k7" + c.idle.String()}, `{}`))
 		require.NoError(t, err)
 		require.Equal(t, recovery.OutcomeNew, outcome)

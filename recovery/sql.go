@@ -257,6 +257,11 @@ LIMIT $4`
 WHERE tenant_id = $1 AND key = $2 AND status = 'in_flight'`
 )
 
+// sameTransactionSQL goes before an owner's COMMIT of a transaction it
+// lent (opentx): it raises OF002 when $1 is not the transaction's mark, so
+// that the COMMIT behind it does not run.
+const sameTransactionSQL = `SELECT {schema}.onceflow_same_transaction($1)`
+
 // queries holds the statements with the schema filled in.
 type queries struct {
 	claim, claimDeferred, insert, takeover, load, list, listNewest, advance, finish, release, handBack, renew, deleteUnstarted, expire string
@@ -264,6 +269,7 @@ type queries struct {
 	releaseLeaseOver, finishLeaseOver, handBackFor                                                                                     string
 	park, restamp, unpark, saveDefinition, definitions                                                                                 string
 	compensate, undone                                                                                                                 string
+	sameTransaction                                                                                                                    string
 }
 
 func newQueries(schema string, idle time.Duration) *queries {
@@ -308,6 +314,8 @@ func newQueries(schema string, idle time.Duration) *queries {
 		definitions:    expand(definitionsSQL),
 		compensate:     expand(compensateSQL),
 		undone:         expand(undoneSQL),
+
+		sameTransaction: expand(sameTransactionSQL),
 	}
 }
 

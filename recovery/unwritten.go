@@ -105,7 +105,7 @@ func (s *Store) insertError(op string, f Fence, err error) error {
 	if errors.As(err, &pgErr) && pgErr.Code == uniqueViolation && pgErr.TableName == "onceflow_keys" {
 		return lostLease(op, f)
 	}
-	return s.dbError(op+" key", err)
+	return s.commitError(op+" key", err)
 }
 
 // uniqueViolation is the SQLSTATE of an insert refused by the primary key.

@@ -16,7 +16,7 @@ import (
 func (b *bundle) beginAndClaim(t *testing.T, p recovery.ClaimParams) (seam.Conn, *recovery.Record, recovery.Outcome) {
 	t.Helper()
 	conn := acquire(t, b)
-	rec, outcome, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, []string{"begin"}, p)
+	rec, outcome, err := seam.StoreOf(b.store).BeginAndClaim(b.ctx, conn, []string{"begin"}, "", p)
 	require.NoError(t, err)
 	return conn, rec, outcome
 }
@@ -38,7 +38,7 @@ func TestClaimInAPhaseInsertsWithItsOutcome(t *testing.T) {
 	require.NoError(t, conn.QueryRow(b.ctx, `SELECT count(*) FROM onceflow_keys`).Scan(&inTx))
 	require.Zero(t, inTx, "not even in the claim's own transaction")
 
-	require.NoError(t, seam.StoreOf(b.store).AdvanceAndCommit(b.ctx, conn, rec.Fence(), "create_order", []byte(`{"order":1}`)))
+	require.NoError(t, seam.StoreOf(b.store).AdvanceAndCommit(b.ctx, conn, "", rec.Fence(), "create_order", []byte(`{"order":1}`)))
 	got := b.load(t, key)
 	require.Equal(t, rec.ID, got.ID)
 	require.Equal(t, rec.Owner, got.Owner)
@@ -66,7 +66,7 @@ func TestClaimInAPhaseInsertsWithItsOutcome(t *testing.T) {
 	// The fence now updates the inserted record.
 	_, err = conn.Exec(b.ctx, `BEGIN`)
 	require.NoError(t, err)
-	require.NoError(t, seam.StoreOf(b.store).CompleteAndCommit(b.ctx, conn, rec.Fence(), "record_charge", nil, jsonResponse))
+	require.NoError(t, seam.StoreOf(b.store).CompleteAndCommit(b.ctx, conn, "", rec.Fence(), "record_charge", nil, jsonResponse))
 	got = b.load(t, key)
 	require.Equal(t, recovery.StatusCompleted, got.Status)
 	require.Equal(t, []recovery.TransitionKind{recovery.TransitionClaimed, recovery.TransitionPhaseCommitted,
@@ -84,7 +84,7 @@ func TestClaimInAPhaseFinishesInOneInsert(t *testing.T) {
 		kind   recovery.TransitionKind
 	}{
 		{"completed", func(conn seam.Conn, rec *recovery.Record) error {
-			return seam.StoreOf(b.store).CompleteAndCommit(b.ctx, conn, rec.Fence(), "only", []byte(`{}`), jsonResponse)
+			return seam.StoreOf(b.store).CompleteAndCommit(b.ctx, conn, "", rec.Fence(), "only", []byte(`{}`), jsonResponse)
 		}, recovery.StatusCompleted, recovery.TransitionCompleted},
 		{"failed", func(conn seam.Conn, rec *recovery.Record) error {
 			if err := seam.StoreOf(b.store).WithConn(conn).Fail(b.ctx, rec.Fence(), jsonResponse, "aborted"); err != nil {
@@ -147,7 +147,7 @@ func TestClaimInAPhaseLosesToALocklessInsert(t *testing.T) {
 		key.Tenant, key.ID, p.Fingerprint[:], old)
 	require.NoError(t, err)
 
-	err = seam.StoreOf(b.store).AdvanceAndCommit(b.ctx, conn, rec.Fence(), "create_order", nil)
+	err = seam.StoreOf(b.store).AdvanceAndCommit(b.ctx, conn, "", rec.Fence(), "create_order", nil)
 	require.ErrorIs(t, err, recovery.ErrLeaseLost)
 	_, err = conn.Exec(b.ctx, `ROLLBACK`)
 	require.NoError(t, err)

@@ -30,10 +30,6 @@ import (
 // (releasing the lease, deleting a rejected claim).
 const cleanupTimeout = 10 * time.Second
 
-// errTxEndedByStep is the cause of a record failed because an atomic phase
-// ended its own transaction (see attempt.txEndedByStep).
-var errTxEndedByStep = errors.New("the phase committed or rolled back its own transaction, so its writes may be committed without the recovery point; the record failed so that they are not made again")
-
 // beginSQL opens the engine's transactions: the claim re-runs its statement
 // after losing a race, which needs a fresh snapshot per statement, whatever
 // the server's default isolation.
@@ -46,10 +42,10 @@ type attempt[Req, State any] struct {
 	w     *Workflow[Req, State]
 	key   Key
 	claim func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error)
-	// pipelined, when set, opens the transaction and claims in one round
-	// trip on conn, after ending the transaction a replay left open there
-	// when rollback is set.
-	pipelined func(ctx context.Context, conn *pgxpool.Conn, rollback bool) (*recovery.Record, recovery.Outcome, error)
+	// pipelined, when set, opens the transaction, marks it with mark
+	// (opentx) and claims in one round trip on conn, after ending the
+	// transaction a replay left open there when rollback is set.
+	pipelined func(ctx context.Context, conn *pgxpool.Conn, rollback bool, mark string) (*recovery.Record, recovery.Outcome, error)
 	start     int // the step expected to run first; the claim folds into it when atomic
 	// fromRecord: the request comes from the record the claim returns
 	// (Resume), not from the caller.
@@ -126,12 +122,12 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, req 
 	a.claim = func(ctx context.Context, s *recovery.Store) (*recovery.Record, recovery.Outcome, error) {
 		return s.Claim(ctx, traced())
 	}
-	a.pipelined = func(ctx context.Context, conn *pgxpool.Conn, rollback bool) (*recovery.Record, recovery.Outcome, error) {
+	a.pipelined = func(ctx context.Context, conn *pgxpool.Conn, rollback bool, mark string) (*recovery.Record, recovery.Outcome, error) {
 		begin := []string{beginSQL}
 		if rollback {
 			begin = []string{"rollback", beginSQL}
 		}
-		return seam.StoreOf(e.store).BeginAndClaim(ctx, conn, begin, traced())
+		return seam.StoreOf(e.store).BeginAndClaim(ctx, conn, begin, mark, traced())
 	}
 	a.run.Request = req
 	return a.execute(ctx)
@@ -432,11 +428,12 @@ func (a *attempt[Req, State]) claimWithin(ctx context.Context, folded bool) (rec
 	}
 	a.conn = conn
 	a.claimSent = time.Now()
-	rec, outcome, err = a.pipelined(ctx, conn.Conn, rollback)
+	mark := opentx.NewMark()
+	rec, outcome, err = a.pipelined(ctx, conn.Conn, rollback, mark)
 	if err != nil || outcome == recovery.OutcomeReplay {
 		return rec, outcome, err
 	}
-	a.tx = opentx.New(conn.Conn.Conn(), "")
+	a.tx = opentx.New(conn.Conn.Conn(), "", mark)
 	return rec, outcome, nil
 }
 
@@ -479,8 +476,8 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 	if err != nil {
 		return a.failed(ctx, step.Name(), fmt.Errorf("encode state: %w", err))
 	}
-	if err := a.commitWith(ctx, func(conn seam.Conn) error {
-		return seam.StoreOf(a.e.store).AdvanceAndCommit(ctx, conn, a.rec.Fence(), step.Name(), state)
+	if err := a.commitWith(ctx, func(conn seam.Conn, mark string) error {
+		return seam.StoreOf(a.e.store).AdvanceAndCommit(ctx, conn, mark, a.rec.Fence(), step.Name(), state)
 	}); err != nil {
 		return a.failed(ctx, step.Name(), err)
 	}
@@ -628,8 +625,8 @@ func (a *attempt[Req, State]) respond(ctx context.Context, step string, resp *Re
 	} else if err = a.beforeCommit(ctx, step); err != nil {
 		return nil, err
 	} else {
-		err = a.commitWith(ctx, func(conn seam.Conn) error {
-			return seam.StoreOf(a.e.store).CompleteAndCommit(ctx, conn, a.rec.Fence(), step, state, *resp)
+		err = a.commitWith(ctx, func(conn seam.Conn, mark string) error {
+			return seam.StoreOf(a.e.store).CompleteAndCommit(ctx, conn, mark, a.rec.Fence(), step, state, *resp)
 		})
 	}
 	if err != nil {
@@ -708,6 +705,9 @@ func (a *attempt[Req, State]) rejectable() bool {
 // its After has passed. A lost lease releases nothing: the key is someone
 // else's.
 func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause error) (*Result, error) {
+	if errors.Is(cause, opentx.ErrEnded) {
+		return a.txEndedByStep(ctx, step) // found by the commit's check of the mark
+	}
 	a.rollback()
 	stepErr := &StepError{Workflow: a.w.name, Step: step, Attempt: a.run.Attempt, Err: cause}
 	var (
@@ -847,7 +847,13 @@ func (a *attempt[Req, State]) failTerminally(ctx context.Context, fence recovery
 		return nil, &StepError{Workflow: a.w.name, Attempt: attempts, Err: fmt.Errorf("fail terminally: %w", err)}
 	}
 	if a.tx != nil {
-		if err := a.commit(ctx); err != nil {
+		err := a.commit(ctx)
+		if errors.Is(err, opentx.ErrEnded) {
+			// A phase ended or restarted the transaction the failure was
+			// written in: store it on its own, saying so.
+			return a.failTerminally(ctx, fence, attempts, fmt.Errorf("%w; and %w", cause, err), abort)
+		}
+		if err != nil {
 			return nil, &StepError{Workflow: a.w.name, Attempt: attempts, Err: err}
 		}
 	}
@@ -863,7 +869,7 @@ func (a *attempt[Req, State]) begin(ctx context.Context) error {
 		return fmt.Errorf("acquire a connection: %w", err)
 	}
 	// The BEGIN goes with the phase's first statement.
-	a.conn, a.tx = conn, opentx.New(conn.Conn.Conn(), beginSQL)
+	a.conn, a.tx = conn, opentx.New(conn.Conn.Conn(), beginSQL, opentx.NewMark())
 	return nil
 }
 
@@ -882,14 +888,14 @@ func (a *attempt[Req, State]) beginHeld(ctx context.Context, step string) error 
 }
 
 // commitWith commits the open transaction with commit, which sends the
-// attempt's fenced write and the COMMIT in one round trip, and hands the
-// connection back.
-func (a *attempt[Req, State]) commitWith(ctx context.Context, commit func(seam.Conn) error) error {
+// check of the transaction's mark, the attempt's fenced write and the
+// COMMIT in one round trip, and hands the connection back.
+func (a *attempt[Req, State]) commitWith(ctx context.Context, commit func(conn seam.Conn, mark string) error) error {
 	sent := time.Now()
 	a.tx.End()            // the phase's turn is over
 	err := a.tx.Open(ctx) // a phase that sent no statement
 	if err == nil {
-		err = commit(a.conn)
+		err = commit(a.conn, a.tx.Mark())
 	}
 	if err != nil {
 		a.rollback()
@@ -921,14 +927,16 @@ func (a *attempt[Req, State]) extended(sent time.Time) {
 }
 
 // txEndedByStep handles an atomic phase that committed or rolled back its
-// own transaction (tx.Exec("COMMIT")): what it wrote before may be
+// own transaction, or restarted it (COMMIT AND CHAIN, COMMIT; BEGIN,
+// ROLLBACK AND CHAIN), found right after the phase (opentx.Tx.Ended) or by
+// the commit's check of the transaction's mark: what it wrote may be
 // committed without the recovery point, so running the phase again could
 // make its writes twice. The record fails terminally, for an operator to
 // look at, and nothing runs again.
 func (a *attempt[Req, State]) txEndedByStep(ctx context.Context, step string) (*Result, error) {
 	a.claimOpen = false // a committed claim is committed; a rolled back one is gone
 	a.rollback()
-	cause := fmt.Errorf("step %s: %w", step, errTxEndedByStep)
+	cause := fmt.Errorf("step %s: %w; the record failed so that they are not made again", step, opentx.ErrEnded)
 	a.e.logger.ErrorContext(ctx, "an atomic phase ended its own transaction", a.logAttrs(step)...)
 	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
@@ -945,19 +953,23 @@ func (a *attempt[Req, State]) beforeCommit(ctx context.Context, step string) err
 	return nil
 }
 
-// commit commits the open transaction on its own.
+// commit commits the open transaction on its own, behind the check of its
+// mark: opentx.ErrEnded when a phase ended or restarted it, and nothing
+// was committed then.
 func (a *attempt[Req, State]) commit(ctx context.Context) error {
 	a.tx.End()
 	err := a.tx.Open(ctx)
 	if err == nil {
-		_, err = a.conn.Exec(ctx, "commit")
+		err = seam.StoreOf(a.e.store).CommitMarked(ctx, a.conn, a.tx.Mark())
+	}
+	if err != nil {
+		a.rollback()
+		a.claimOpen = false
+		return err
 	}
 	a.conn.Release()
 	a.conn, a.tx = nil, nil
 	a.claimOpen = false
-	if err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
 	return nil
 }
 

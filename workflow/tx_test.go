@@ -3,6 +3,7 @@ package workflow_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -170,4 +171,117 @@ func TestPhaseThatEndsItsTransactionFailsTheRecord(t *testing.T) {
 	require.True(t, res.Failed)
 	require.Equal(t, 500, res.Response.Status)
 	require.Equal(t, 1, w.ledger(), "the phase's write was made once")
+}
+
+// restarts are the ways a phase can end its transaction and leave another
+// open in its place, so that the connection's status says "in a
+// transaction" as before: what the phase wrote first is committed (or, for
+// a ROLLBACK, gone) without the recovery point, and in a first phase the
+// key's lock went with it. written is how many of the phase's two rows
+// are left once the record failed.
+var restarts = []struct {
+	name, sql string
+	written   int
+}{
+	{"commit and chain", `INSERT INTO ledger (order_id, entry) VALUES (1, 'a'); COMMIT AND CHAIN; INSERT INTO ledger (order_id, entry) VALUES (1, 'b')`, 1},
+	{"commit then begin", `INSERT INTO ledger (order_id, entry) VALUES (1, 'a'); COMMIT; BEGIN; INSERT INTO ledger (order_id, entry) VALUES (1, 'b')`, 1},
+	{"rollback and chain", `INSERT INTO ledger (order_id, entry) VALUES (1, 'a'); ROLLBACK AND CHAIN; INSERT INTO ledger (order_id, entry) VALUES (1, 'b')`, 0},
+	{"end and start", `INSERT INTO ledger (order_id, entry) VALUES (1, 'a'); END; START TRANSACTION; INSERT INTO ledger (order_id, entry) VALUES (1, 'b')`, 1},
+}
+
+// TestPhaseThatRestartsItsTransactionFailsTheRecord: a phase restarts its
+// transaction inside a string of statements (COMMIT AND CHAIN, COMMIT;
+// BEGIN, ROLLBACK AND CHAIN). The attempt finds it before its commit,
+// before the crash point there, and fails the record terminally: no retry
+// runs the phase again, so what it committed is there once, and the second
+// row, written in the transaction that replaced the phase's, is never
+// committed. First phase (opened with the claim) and later phase alike.
+//
+// Before the fix, only a transaction left idle (status I) was seen: with a
+// process dying before its commit, the retry wrote the rows again; with
+// ROLLBACK AND CHAIN, the first row was lost and the key answered 200.
+func TestPhaseThatRestartsItsTransactionFailsTheRecord(t *testing.T) {
+	t.Parallel()
+	for _, r := range restarts {
+		for _, first := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/first=%v", r.name, first), func(t *testing.T) {
+				w := newWorld(t)
+				restart := atomicStep("write", func(ctx context.Context, tx pgx.Tx, _ *phase.Run[Order, Paid]) error {
+					_, err := tx.Exec(ctx, r.sql)
+					return err
+				})
+				steps := []phase.Step[Order, Paid]{restart, foreignStep("after", func() error { return nil })}
+				if !first {
+					steps = append([]phase.Step[Order, Paid]{foreignStep("before", func() error { return nil })}, steps...)
+				}
+				wf := workflow.Define("restarts", steps...)
+				crashes := 0
+				e := w.engine(workflow.Config{Hooks: &workflow.Hooks{
+					CrashPoint: func(_ context.Context, _ workflow.Key, p workflow.CrashPoint) error {
+						if p.Kind == workflow.BeforeCommit && p.Step == "write" {
+							crashes++
+							return errors.New("process died")
+						}
+						return nil
+					}}})
+				res, err := wf.Run(w.ctx, e, acme, order)
+				require.NoError(t, err, "the attempt found its transaction restarted before its commit")
+				require.True(t, res.Failed)
+				require.Zero(t, crashes)
+				again, err := wf.Run(w.ctx, e, acme, order)
+				require.NoError(t, err)
+				require.True(t, again.Replayed)
+				require.Equal(t, 500, again.Response.Status)
+				require.Equal(t, r.written, w.ledger(), "the phase's first row as its own COMMIT left it, and nothing of the transaction after")
+				require.Contains(t, w.record(acme).LastError, "ended or restarted")
+			})
+		}
+	}
+}
+
+// TestPhaseThatRestartsItsTransactionUnseenFailsAtCommit: a restart the
+// attempt cannot see before its commit (a string of statements sent on
+// the simple protocol with arguments, or on the raw connection) is found
+// by the commit's check of the transaction's mark: the COMMIT behind it
+// does not run, so the second row is not committed without the recovery
+// point, and the record fails terminally.
+//
+// Before the fix, the engine's COMMIT committed the transaction that
+// replaced the phase's, with the recovery point, as if nothing happened.
+func TestPhaseThatRestartsItsTransactionUnseenFailsAtCommit(t *testing.T) {
+	t.Parallel()
+	sends := map[string]func(ctx context.Context, tx pgx.Tx) error{
+		"simple protocol": func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO ledger (order_id, entry) VALUES ($1, 'a'); COMMIT AND CHAIN; INSERT INTO ledger (order_id, entry) VALUES (1, 'b')`,
+				pgx.QueryExecModeSimpleProtocol, 1)
+			return err
+		},
+		"raw connection": func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO ledger (order_id, entry) VALUES ($1, 'a')`, 1); err != nil {
+				return err
+			}
+			_, err := tx.Conn().Exec(ctx, `COMMIT AND CHAIN; INSERT INTO ledger (order_id, entry) VALUES (1, 'b')`)
+			return err
+		},
+	}
+	for name, send := range sends {
+		for _, first := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/first=%v", name, first), func(t *testing.T) {
+				w := newWorld(t)
+				restart := atomicStep("write", func(ctx context.Context, tx pgx.Tx, _ *phase.Run[Order, Paid]) error {
+					return send(ctx, tx)
+				})
+				steps := []phase.Step[Order, Paid]{restart, foreignStep("after", func() error { return nil })}
+				if !first {
+					steps = append([]phase.Step[Order, Paid]{foreignStep("before", func() error { return nil })}, steps...)
+				}
+				res, err := workflow.Define("restarts", steps...).Run(w.ctx, w.engine(workflow.Config{}), acme, order)
+				require.NoError(t, err)
+				require.True(t, res.Failed)
+				require.Equal(t, 500, res.Response.Status)
+				require.Equal(t, 1, w.ledger(), "the row the phase's own COMMIT committed, not the one after it")
+				require.Contains(t, w.record(acme).LastError, "ended or restarted")
+			})
+		}
+	}
 }

@@ -60,11 +60,39 @@ var mutants = []Mutant{
 		Pkg: "./workflow", Run: "^TestRefusedFirstCommitCountsAnAttempt$",
 	},
 	{
+		Name:   "restart-unseen-before-commit",
+		Breaks: "a phase that restarts its transaction in a string of statements (COMMIT AND CHAIN) is not found before its commit, so a process that dies there leaves its writes committed for the retry to make again",
+		Edits: []Edit{{File: "internal/opentx/opentx.go",
+			Old: "\tif !strings.Contains(sql, \";\") {\n\t\treturn false\n\t}", New: "\tif true {\n\t\treturn false\n\t}"}},
+		Pkg: "./workflow", Run: "^TestPhaseThatRestartsItsTransactionFailsTheRecord$",
+	},
+	{
+		Name:   "mark-unchecked-at-commit",
+		Breaks: "the engine's COMMIT does not check the transaction's mark, so it commits the transaction a phase's COMMIT AND CHAIN left in place of its own, as if nothing happened",
+		Edits: []Edit{{File: "recovery/pipeline.go",
+			Old: "\tif mark != \"\" {\n\t\tb.Queue(s.sql.sameTransaction, mark)", New: "\tif false {\n\t\tb.Queue(s.sql.sameTransaction, mark)"}},
+		Pkg: "./workflow", Run: "^TestPhaseThatRestartsItsTransactionUnseenFailsAtCommit$",
+	},
+	{
+		Name:   "mark-unchecked-at-handler-commit",
+		Breaks: "the middleware stores a response in the transaction a handler's COMMIT AND CHAIN left in place of its own, though the handler's first writes committed without it",
+		Edits: []Edit{{File: "recovery/pipeline.go",
+			Old: "\tif mark != \"\" {\n\t\tb.Queue(s.sql.sameTransaction, mark)", New: "\tif false {\n\t\tb.Queue(s.sql.sameTransaction, mark)"}},
+		Pkg: "./idemhttp", Run: "^TestHandlerThatRestartsItsTransactionFailsTheKey$",
+	},
+	{
+		Name:   "transaction-unmarked",
+		Breaks: "the engine's transactions are opened without their mark, so every commit's check fails and every phase fails its record",
+		Edits: []Edit{{File: "internal/opentx/opentx.go",
+			Old: "\tb.Queue(SetMarkSQL, t.mark)\n", New: "\tb.Queue(SetMarkSQL, \"\")\n"}},
+		Pkg: "./workflow", Run: "^TestPhaseTransactionBehavesLikePgxTx$",
+	},
+	{
 		Name:   "atomic-claim-committed-alone",
 		Breaks: "an Atomic claim's transaction commits before the handler runs, so the key's lock is gone while it runs: a duplicate runs the handler too, and a request commits twice",
 		Edits: []Edit{{File: "idemhttp/middleware.go",
-			Old: "\treturn rec, outcome, conn, nil\n}",
-			New: "\t_, _ = conn.Exec(ctx, \"commit\")\n\t_, _ = conn.Exec(ctx, beginSQL)\n\treturn rec, outcome, conn, nil\n}"}},
+			Old: "\treturn rec, outcome, &opened{conn: conn, mark: mark}, nil\n}",
+			New: "\t_, _ = conn.Exec(ctx, \"commit\")\n\t_, _ = conn.Exec(ctx, beginSQL)\n\t_, _ = conn.Exec(ctx, opentx.SetMarkSQL, mark)\n\treturn rec, outcome, &opened{conn: conn, mark: mark}, nil\n}"}},
 		Pkg: "./idemhttp", Run: "^(TestAtomicCommitsOnce|TestAtomicDuplicateIsRefusedAtOnce)$",
 	},
 	{
@@ -184,7 +212,7 @@ var mutants = []Mutant{
 		Name:   "advance-after-commit",
 		Breaks: "a phase commits, then its recovery point is written in a transaction of its own",
 		Edits: []Edit{{File: "recovery/pipeline.go",
-			Old: `	return s.andCommit(ctx, conn, "advance", f, s.sql.advanceOrFail,
+			Old: `	return s.andCommit(ctx, conn, mark, "advance", f, s.sql.advanceOrFail,
 		f.Key.Tenant, f.Key.ID, f.Owner, recoveryPoint, state, s.lease)`,
 			New: `	if _, err := conn.Exec(ctx, "commit"); err != nil {
 		return err
@@ -196,7 +224,7 @@ var mutants = []Mutant{
 		Name:   "complete-after-commit",
 		Breaks: "the last phase commits, then the completion is written in a transaction of its own",
 		Edits: []Edit{{File: "recovery/pipeline.go",
-			Old: `	return s.andCommit(ctx, conn, "complete", f, s.sql.finishOrFail, in.finishArgs(f)...)`,
+			Old: `	return s.andCommit(ctx, conn, mark, "complete", f, s.sql.finishOrFail, in.finishArgs(f)...)`,
 			New: `	if _, err := conn.Exec(ctx, "commit"); err != nil {
 		return err
 	}

@@ -4,10 +4,21 @@
 // COPY, savepoints as nested transactions) except that Commit and
 // Rollback, and a statement that would end the transaction, are refused:
 // the owner commits it together with its key record.
+//
+// A statement that ends the transaction can still reach the server inside
+// a string of several, and some (COMMIT AND CHAIN, COMMIT; BEGIN) leave a
+// new transaction open in its place, which no status on the connection
+// tells apart. So the owner marks each transaction it opens, with a value
+// of its own in a transaction-local setting (SetMarkSQL), and its COMMIT
+// goes behind a check of that mark (recovery's onceflow_same_transaction):
+// a transaction that lost the mark was ended or restarted by its borrower,
+// and the check keeps the COMMIT from committing what the new transaction
+// wrote.
 package opentx
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -22,6 +33,24 @@ import (
 // middleware) ends it, with the key record.
 var ErrOwnerEnds = errors.New("onceflow: the engine or the middleware commits or rolls back this transaction; return an error to roll it back")
 
+// ErrEnded reports a transaction its borrower ended or restarted: a COMMIT
+// or ROLLBACK (AND CHAIN, or followed by a BEGIN) sent inside a string of
+// several statements, which the guard on each statement cannot see. What
+// the borrower wrote before it may be committed without the owner's record.
+var ErrEnded = errors.New("onceflow: the transaction lent to the phase or handler was ended or restarted inside it, so its writes may be committed without the recovery point or the response")
+
+// MarkSetting is the transaction-local setting that holds a transaction's
+// mark.
+const MarkSetting = "onceflow.transaction"
+
+// SetMarkSQL marks the transaction open on the connection with $1 (see
+// NewMark). It goes in the round trip that opens the transaction.
+const SetMarkSQL = "select pg_catalog.set_config('" + MarkSetting + "', $1, true)"
+
+// NewMark returns a mark for a transaction: random, so that no other
+// transaction, earlier or later on the connection, carries it.
+func NewMark() string { return rand.Text() }
+
 // Tx is the pgx.Tx lent for a transaction on conn. Its owner opens the
 // transaction with a statement of its own (a claim), or leaves the BEGIN
 // to go with the first statement, and ends it with its fenced write and
@@ -29,10 +58,16 @@ var ErrOwnerEnds = errors.New("onceflow: the engine or the middleware commits or
 // may not end it. Begin makes savepoints, as pgx's nested transactions do.
 type Tx struct {
 	conn *pgx.Conn
-	// begin is the BEGIN not sent yet: it goes with the first statement.
-	begin     string
+	// begin is the BEGIN not sent yet: it goes with the first statement,
+	// and with SetMarkSQL.
+	begin string
+	// mark is the value of MarkSetting in the transaction (see Mark).
+	mark      string
 	savepoint int
 	lobs      pgx.Tx // for LargeObjects, made on first use
+	// restarted is set once a statement the borrower sent is found to
+	// have ended or restarted the transaction (see Ended).
+	restarted bool
 
 	// mu is held by each call of the borrower's, and over is set by End:
 	// a borrower that kept the Tx past its turn (a goroutine it started)
@@ -63,16 +98,46 @@ func (t *Tx) use() (done func(), err error) {
 	return t.mu.Unlock, nil
 }
 
-// New returns the Tx for the transaction open on conn, or, when begin is
-// set, for the one begin opens with the first statement sent.
-func New(conn *pgx.Conn, begin string) *Tx { return &Tx{conn: conn, begin: begin} }
+// New returns the Tx for the transaction its owner opened on conn and
+// marked with mark (SetMarkSQL), or, when begin is set, for the one begin
+// opens with the first statement sent, which New marks with mark then.
+func New(conn *pgx.Conn, begin, mark string) *Tx { return &Tx{conn: conn, begin: begin, mark: mark} }
 
-// Open sends a pending BEGIN on its own.
+// Mark returns the transaction's mark: the owner's COMMIT goes behind a
+// check that the transaction still carries it.
+func (t *Tx) Mark() string { return t.mark }
+
+// queueBegin queues the pending BEGIN and the statement that marks the
+// transaction; the batch's first two results are theirs.
+func (t *Tx) queueBegin(b *pgx.Batch) {
+	b.Queue(t.begin)
+	b.Queue(SetMarkSQL, t.mark)
+}
+
+// execBegin reads the results of queueBegin's statements from br.
+func execBegin(br pgx.BatchResults) error {
+	for range 2 {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Open sends a pending BEGIN on its own, with the statement that marks the
+// transaction.
 func (t *Tx) Open(ctx context.Context) error {
 	if t.begin == "" {
 		return nil
 	}
-	if _, err := t.conn.Exec(ctx, t.begin); err != nil {
+	b := &pgx.Batch{}
+	t.queueBegin(b)
+	br := t.conn.SendBatch(ctx, b)
+	err := execBegin(br)
+	if closeErr := br.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil {
 		return err
 	}
 	t.begin = ""
@@ -97,10 +162,10 @@ func (t *Tx) pipelines(args []any) bool {
 // returns the batch, positioned at the statement's result.
 func (t *Tx) withBegin(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
-	b.Queue(t.begin)
+	t.queueBegin(b)
 	b.Queue(sql, args...)
 	br := t.conn.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
+	if err := execBegin(br); err != nil {
 		_ = br.Close()
 		return nil, err
 	}
@@ -152,10 +217,12 @@ func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 		}
 	}
 	if t.begin != "" {
-		b.QueuedQueries = append([]*pgx.QueuedQuery{{SQL: t.begin}}, b.QueuedQueries...)
+		opening := &pgx.Batch{}
+		t.queueBegin(opening)
+		b.QueuedQueries = append(opening.QueuedQueries, b.QueuedQueries...)
 		t.begin = ""
 		br := t.conn.SendBatch(ctx, b)
-		if _, err := br.Exec(); err != nil {
+		if err := execBegin(br); err != nil {
 			return errBatch{br, err}
 		}
 		return br
@@ -219,7 +286,42 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandT
 	if err := t.Open(ctx); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return t.conn.Exec(ctx, sql, args...)
+	tag, err := t.conn.Exec(ctx, sql, args...)
+	if len(args) == 0 && mayRestart(sql) {
+		t.checkMark(ctx)
+	}
+	return tag, err
+}
+
+// checkMark asks the server whether the transaction still carries its
+// mark, after a string of statements that may have ended or restarted it,
+// and notes the answer for Ended. An error leaves the question to the
+// owner's check at its COMMIT.
+func (t *Tx) checkMark(ctx context.Context) {
+	var same bool
+	err := t.conn.QueryRow(ctx, "select coalesce(current_setting('"+MarkSetting+"', true), '') = $1", t.mark).Scan(&same)
+	if err == nil && !same {
+		t.restarted = true
+	}
+}
+
+// mayRestart reports whether sql, sent without arguments (so on the simple
+// protocol, which runs a string of several statements), is a string of
+// several of which one may end or restart the transaction: the guard on
+// its first words (endsTransaction) saw only the first. It errs on the
+// side of asking the server.
+func mayRestart(sql string) bool {
+	if !strings.Contains(sql, ";") {
+		return false
+	}
+	notLetter := func(r rune) bool { return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r == '_') }
+	for _, word := range strings.FieldsFunc(sql, notLetter) {
+		switch strings.ToLower(word) {
+		case "commit", "rollback", "abort", "end", "begin", "start", "prepare":
+			return true
+		}
+	}
+	return false
 }
 
 func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
@@ -328,16 +430,19 @@ func (b errBatch) Close() error {
 	return b.err
 }
 
-// Ended reports whether the transaction is over while its
-// connection lives: a statement the borrower sent (a COMMIT in a string of
-// several, say) ended it. A connection that died took its transaction with
-// it, uncommitted.
+// Ended reports whether the transaction is over while its connection
+// lives, as far as the owner can tell without asking the server: a
+// statement the borrower sent (a COMMIT in a string of several, say) ended
+// it, or ended it and began another (COMMIT AND CHAIN; COMMIT; BEGIN), as
+// Exec found when it asked. A connection that died took its transaction
+// with it, uncommitted. The owner's COMMIT checks the mark besides, which
+// catches what a batch, a query or Conn() ended.
 func (t *Tx) Ended() bool {
 	if t == nil || t.begin != "" {
 		return false
 	}
 	pc := t.conn.PgConn()
-	return !pc.IsClosed() && pc.TxStatus() == 'I'
+	return !pc.IsClosed() && (t.restarted || pc.TxStatus() == 'I')
 }
 
 // endsTransaction reports whether sql starts with a statement that would

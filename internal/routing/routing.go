@@ -95,6 +95,9 @@ var Functions = map[string]Routing{
 	"onceflow_may_take_over":  Local,
 	"onceflow_history":        Local,
 	"onceflow_lease_lost":     Local,
+	// The check of a lent transaction's mark before its owner's COMMIT
+	// (migration 0020): a transaction-local setting, no table.
+	"onceflow_same_transaction": Local,
 }
 
 // Violation is a statement that would not route to one node.

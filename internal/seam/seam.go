@@ -26,11 +26,12 @@ type Conn = interface {
 // Store is the engine's view of a *recovery.Store. Each method is the
 // recovery method of the same name, lower-cased, which documents it.
 type Store interface {
-	BeginAndClaim(ctx context.Context, conn Conn, begin []string, p recovery.ClaimParams) (*recovery.Record, recovery.Outcome, error)
+	BeginAndClaim(ctx context.Context, conn Conn, begin []string, mark string, p recovery.ClaimParams) (*recovery.Record, recovery.Outcome, error)
 	WithConn(conn recovery.DBTX) *recovery.Store
 	CommitUnknown(err error) bool
-	AdvanceAndCommit(ctx context.Context, conn Conn, f recovery.Fence, recoveryPoint string, state []byte) error
-	CompleteAndCommit(ctx context.Context, conn Conn, f recovery.Fence, recoveryPoint string, state []byte, resp recovery.Response) error
+	AdvanceAndCommit(ctx context.Context, conn Conn, mark string, f recovery.Fence, recoveryPoint string, state []byte) error
+	CompleteAndCommit(ctx context.Context, conn Conn, mark string, f recovery.Fence, recoveryPoint string, state []byte, resp recovery.Response) error
+	CommitMarked(ctx context.Context, conn Conn, mark string) error
 	CompleteAfter(ctx context.Context, f recovery.Fence, recoveryPoint string, state []byte, resp recovery.Response) error
 	HandBack(ctx context.Context, f recovery.Fence, cause string) error
 	HandBackFor(ctx context.Context, f recovery.Fence, after time.Duration, cause string, counted bool) (time.Time, error)
