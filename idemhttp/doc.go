@@ -40,8 +40,10 @@
 // (Idempotency-Key-Expires, an HTTP-date), the earliest moment the server
 // may forget the key: a replay, the record's completion plus
 // [Config].KeyLifetime; the handler's stored answer, 409 in flight and a
-// workflow's 500 or 503 that leave the key resumable, now plus it. Set
-// KeyLifetime to the pruner's retention (sweeper.PrunerConfig). Answers
+// workflow's 500 or 503 that leave the key resumable, now plus it. It is
+// a moment of this process's clock, which Date carries too, however far
+// the database's clock is off it. Set KeyLifetime to the pruner's
+// retention (sweeper.PrunerConfig). Answers
 // about no record of the caller's (400, 401, 403, 422, an unstored
 // answer) carry none, and no stored response holds it.
 //

@@ -313,6 +313,34 @@ func TestReplayIsByteForByte(t *testing.T) {
 	require.Equal(t, binary, b.load(t, binKey).Response.Body)
 }
 
+// TestFinishedForIsMeasuredOnTheDatabaseClock: the FinishedFor of a
+// replay and of a load is how long ago the record finished by the
+// database's clock alone. On a database an hour ahead of this process, a
+// record that finished an hour ago by the database's clock has been
+// finished an hour, which this process's clock set against CompletedAt
+// (a reading of the database's) would call no time at all.
+func TestFinishedForIsMeasuredOnTheDatabaseClock(t *testing.T) {
+	t.Parallel()
+	b := setupWith(t, dbtest.Connect(t, dbtest.NewSkewedDatabase(t, time.Hour, dbtest.Options{}), 4))
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{}`)
+	rec, _ := b.claim(t, p)
+	require.Zero(t, rec.FinishedFor, "in flight")
+	before := time.Now()
+	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), jsonResponse))
+	_, err := b.db.Exec(b.ctx, `UPDATE onceflow_keys SET completed_at = completed_at - interval '1 hour'`)
+	require.NoError(t, err)
+
+	replay, outcome := b.claim(t, p)
+	require.Equal(t, recovery.OutcomeReplay, outcome)
+	loaded := b.load(t, key)
+	took := time.Since(before)
+	for name, r := range map[string]*recovery.Record{"replay": replay, "load": loaded} {
+		require.GreaterOrEqual(t, r.FinishedFor, time.Hour, name)
+		require.LessOrEqual(t, r.FinishedFor, time.Hour+took, name)
+	}
+}
+
 func TestResponseHeaderAllowListIsConfigurable(t *testing.T) {
 	b := setup(t)
 	store, err := recovery.New(b.db, recovery.Config{ResponseHeaders: []string{"x-request-id"}})

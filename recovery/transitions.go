@@ -18,13 +18,15 @@ func (s *Store) Load(ctx context.Context, k Key) (*Record, error) {
 	if err := k.Validate(); err != nil {
 		return nil, err
 	}
-	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.load, k.Tenant, k.ID))
+	var dbNow time.Time
+	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.load, k.Tenant, k.ID), &dbNow)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w (tenant %q, key %q)", ErrNotFound, k.Tenant, k.ID)
 	}
 	if err != nil {
 		return nil, s.dbError("load key", err)
 	}
+	rec.readAt(dbNow)
 	return rec, nil
 }
 

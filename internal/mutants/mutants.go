@@ -768,6 +768,27 @@ var mutants = []Mutant{
 		Pkg: "./idemclient", Run: "^TestNoRetryPastTheKeyLifetime$",
 	},
 	{
+		Name:   "replay-expiry-database-clock",
+		Breaks: "a replay's Idempotency-Key-Expires is counted from the record's completion as the database's clock read it, which Date (this process's clock) is not: a database an hour ahead advertises an hour the pruner does not keep",
+		Edits: []Edit{{File: "idemhttp/middleware.go",
+			Old: "m.expires(w, sent.Add(-rec.FinishedFor))", New: "m.expires(w, rec.CompletedAt)"}},
+		Pkg: "./idemhttp", Run: "^TestKeyLifetimeOnASkewedDatabase$",
+	},
+	{
+		Name:   "workflow-replay-expiry-database-clock",
+		Breaks: "a Workflow replay's Idempotency-Key-Expires is counted from the record's completion as the database's clock read it",
+		Edits: []Edit{{File: "idemhttp/workflow.go",
+			Old: "c.expires(w, asked.Add(-res.FinishedFor))", New: "c.expires(w, res.CompletedAt); _ = asked"}},
+		Pkg: "./idemhttp", Run: "^TestWorkflowKeyLifetimeOnASkewedDatabase$",
+	},
+	{
+		Name:   "finished-for-process-clock",
+		Breaks: "a record's FinishedFor sets this process's clock against the database's reading of its completion",
+		Edits: []Edit{{File: "recovery/record.go",
+			Old: "r.FinishedFor = max(dbNow.Sub(r.CompletedAt), 0)", New: "r.FinishedFor = max(time.Since(r.CompletedAt), 0)"}},
+		Pkg: "./recovery", Run: "^TestFinishedForIsMeasuredOnTheDatabaseClock$",
+	},
+	{
 		Name:   "prefer-wait-ignored",
 		Breaks: "a duplicate that prefers to wait for its key in flight is answered 409 at once",
 		Edits: []Edit{{File: "idemhttp/wait.go",
