@@ -155,7 +155,8 @@ type Fence struct {
 // to every retry.
 type Response struct {
 	Status int
-	// Header holds the allow-listed response headers (Config.ResponseHeaders).
+	// Header holds the allow-listed response headers (Config.ResponseHeaders),
+	// each value stored byte for byte, UTF-8 or not (see header.go).
 	Header http.Header
 	// Body is stored byte for byte; a JSON body keeps its key order and
 	// whitespace.
@@ -236,9 +237,11 @@ func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
 			resp.Body = []byte{}
 		}
 		if len(responseHeader) > 0 {
-			if err := json.Unmarshal(responseHeader, &resp.Header); err != nil {
+			header, err := decodeHeader(responseHeader)
+			if err != nil {
 				return nil, fmt.Errorf("decode stored response header: %w", err)
 			}
+			resp.Header = header
 		}
 		r.Response = resp
 	}

@@ -2,7 +2,6 @@ package recovery
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -116,7 +115,7 @@ func (s *Store) finishing(status Status, kind TransitionKind, resp Response, cau
 		return insertion{}, &InputError{Field: "response status", Problem: fmt.Sprintf("is %d, not a three-digit HTTP status", resp.Status)}
 	}
 	stored := s.stored(resp)
-	header, err := json.Marshal(stored.Header)
+	header, err := encodeHeader(stored.Header)
 	if err != nil {
 		return insertion{}, fmt.Errorf("encode header: %w", err)
 	}
