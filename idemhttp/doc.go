@@ -56,7 +56,10 @@
 // The key may be sent as a bare token (abc) or an RFC 8941 string ("abc"),
 // with parameters. The fingerprint covers the method, the route, the path
 // and query, the media type and the body; a body of a JSON media type is
-// canonicalized first, so key order and whitespace do not matter.
+// canonicalized first, so key order and whitespace do not matter, unless
+// its meaning may depend on them: a body with two names that
+// encoding/json reads as one ("amount" and "AMOUNT") is taken byte for
+// byte.
 // Responses [StoreDefault] refuses (temporary refusals and 5xx) and
 // responses over [Config].MaxResponse are answered but not stored.
 //

@@ -139,6 +139,20 @@ var mutants = []Mutant{
 		Pkg: "./recovery", Run: "^TestReplayIsByteForByte$",
 	},
 	{
+		Name:   "case-variants-canonicalized",
+		Breaks: "a JSON body with two names encoding/json reads as one is canonicalized, so the same members in another order, which it reads otherwise, get the first's replay",
+		Edits: []Edit{{File: "idemhttp/config.go",
+			Old: "if !collide {", New: "if true || !collide {"}},
+		Pkg: "./idemhttp", Run: "^TestAttackCaseVariantFieldsInTheMiddleware$",
+	},
+	{
+		Name:   "names-not-folded",
+		Breaks: "names that differ only in ASCII case are not taken for one, as encoding/json takes them",
+		Edits: []Edit{{File: "internal/canonjson/names.go",
+			Old: "case 'a' <= r && r <= 'z':", New: "case false:"}},
+		Pkg: "./internal/canonjson", Run: "^TestNamesCollide$",
+	},
+	{
 		Name:   "mismatch-unchecked",
 		Breaks: "a finished key replays to a request with another fingerprint",
 		Edits: []Edit{{File: "recovery/claim.go",
