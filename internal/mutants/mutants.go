@@ -244,8 +244,8 @@ var mutants = []Mutant{
 		Name:   "load-unrouted",
 		Breaks: "loading a record filters by key only, so a distributed PostgreSQL would send the read to every node",
 		Edits: []Edit{{File: "recovery/sql.go",
-			Old: "` FROM {keys} WHERE tenant_id = $1 AND key = $2`\n",
-			New: "` FROM {keys} WHERE $1::text IS NOT NULL AND key = $2`\n"}},
+			Old: "`, clock_timestamp() FROM {keys} WHERE tenant_id = $1 AND key = $2`\n",
+			New: "`, clock_timestamp() FROM {keys} WHERE $1::text IS NOT NULL AND key = $2`\n"}},
 		Pkg: "./recovery", Run: "^TestClaimInFlightValidSameFingerprint$",
 	},
 	{
