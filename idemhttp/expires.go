@@ -16,14 +16,14 @@ import (
 // part-way) and 503 (deferred), which leave the key resumable. For a
 // replay it is the record's completion plus the key lifetime
 // (Config.KeyLifetime); for the handler's stored answer, the moment its
-// completion was sent plus the key lifetime; for the others, now plus the
-// key lifetime, since the record finishes later and is kept that long
-// after. Every one is a moment of this process's clock, which Date reads
-// too: the pruner forgets a record by the database's clock, so a replay's
-// completion is placed on this clock by how long ago the record finished
-// as the database tells it (recovery.Record.FinishedFor), never by the
-// database's reading of it, which is off by however far the two clocks
-// are apart. Answers where no
+// completion was sent plus the key lifetime (a workflow's: the moment its
+// run began); for the others, now plus the key lifetime, since the record
+// finishes later and is kept that long after. Every one is a moment of
+// this process's clock, which Date reads too: the pruner forgets a record
+// by the database's clock, so a replay's completion is placed on this
+// clock by how long ago the record finished as the database tells it
+// (recovery.Record.FinishedFor), never by the database's reading of it,
+// which is off by however far the two clocks are apart. Answers where no
 // record is kept, or where the caller may learn nothing of it, carry none:
 // 400, 401, 403, 408, 413, 422 (another request's record: use a new key),
 // 503 without the database or for a parked record (kept until an operator
