@@ -156,7 +156,7 @@ type Fence struct {
 type Response struct {
 	Status int
 	// Header holds the allow-listed response headers (Config.ResponseHeaders),
-	// each value stored byte for byte, UTF-8 or not (see header.go).
+	// each value stored byte for byte, UTF-8 or not.
 	Header http.Header
 	// Body is stored byte for byte; a JSON body keeps its key order and
 	// whitespace.
