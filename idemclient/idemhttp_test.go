@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -46,7 +47,13 @@ func newCharges(t *testing.T) *charges {
 // in, before the middleware.
 func newChargesWith(t *testing.T, cfg idemhttp.Config, arrived func(*http.Request)) *charges {
 	t.Helper()
-	s := &charges{db: dbtest.NewPool(t, 8), entered: make(chan struct{}, 1), release: make(chan struct{}), runs: map[string]int{}}
+	return newChargesOn(t, dbtest.NewPool(t, 8), cfg, arrived)
+}
+
+// newChargesOn is newChargesWith on db.
+func newChargesOn(t *testing.T, db *pgxpool.Pool, cfg idemhttp.Config, arrived func(*http.Request)) *charges {
+	t.Helper()
+	s := &charges{db: db, entered: make(chan struct{}, 1), release: make(chan struct{}), runs: map[string]int{}}
 	_, err := s.db.Exec(context.Background(), `CREATE TABLE charges (id bigserial PRIMARY KEY, key text NOT NULL, body text NOT NULL)`)
 	require.NoError(t, err)
 	cfg.Tenant = func(*http.Request) (string, error) { return "acme", nil }
@@ -236,4 +243,39 @@ func TestAStoredAnswerIsFinal(t *testing.T) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	require.Equal(t, map[string]int{resp.Key: 1}, s.runs)
+}
+
+// TestExpiryOfAReplayFromASkewedDatabase: the client reads a key's
+// expiry against the answer's Date; the server's pruner forgets the key
+// by its database's clock. Behind a middleware whose database's clock is
+// an hour ahead, the expiry the client reads from a replay is still no
+// later than the moment the pruner may forget the key: the client never
+// takes a retry the server would run as a new request for one within the
+// key's lifetime.
+//
+// Mutation caught: the middleware's replay expiry taken from the
+// record's completion as the database's clock read it
+// (replay-expiry-database-clock).
+func TestExpiryOfAReplayFromASkewedDatabase(t *testing.T) {
+	t.Parallel()
+	const lifetime = 10 * time.Minute
+	db := dbtest.Connect(t, dbtest.NewSkewedDatabase(t, time.Hour, dbtest.Options{}), 8)
+	s := newChargesOn(t, db, idemhttp.Config{KeyLifetime: lifetime}, nil)
+	c, _ := newClient(t, Config{})
+	key := NewKey()
+	first, _ := send(t, c, s.url, key, `{}`)
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+
+	sent := time.Now() // the client's clock, read no later than the server's Date
+	replay, _ := send(t, c, s.url, key, `{}`)
+	require.True(t, replay.Replayed)
+	at, ok := expiry(replay.Header, sent)
+	require.True(t, ok, "the replay advertises the key's lifetime")
+
+	var leftMicros int64
+	require.NoError(t, db.QueryRow(context.Background(),
+		`SELECT (extract(epoch FROM completed_at + $2::bigint * interval '1 microsecond' - clock_timestamp()) * 1e6)::bigint
+		 FROM onceflow_keys WHERE key = $1`, key, lifetime.Microseconds()).Scan(&leftMicros))
+	kept := time.Now().Add(time.Duration(leftMicros) * time.Microsecond)
+	require.False(t, at.After(kept), "the client reads an expiry of %s; the pruner may forget the key at %s", at, kept)
 }

@@ -292,6 +292,39 @@ func TestAttackCaseVariantFields(t *testing.T) {
 	require.Zero(t, s.runs.Load())
 }
 
+// TestAttackCaseVariantFieldsInTheMiddleware: {"amount":100,"AMOUNT":1}
+// and {"AMOUNT":1,"amount":100} have one canonical form, but encoding/json,
+// which sets a field from the last member whose name matches it without
+// regard to case, reads 1 from the first and 100 from the second: the
+// second got the first's replay. A JSON body with two names that
+// encoding/json reads as one, in any object, is fingerprinted byte for
+// byte, as a body with a name given twice is: the same bytes replay, other
+// bytes are another request (422). A body without them is canonicalized
+// as before.
+//
+// Mutation caught: case variants canonicalized (case-variants-canonicalized).
+func TestAttackCaseVariantFieldsInTheMiddleware(t *testing.T) {
+	s := newServer(t, idemhttp.Config{})
+	for i, c := range []struct{ first, reordered string }{
+		{`{"amount":100,"AMOUNT":1}`, `{"AMOUNT":1,"amount":100}`},
+		{`{"to":"bob","charge":{"Amount":1,"amount":100}}`, `{"charge":{"amount":100,"Amount":1},"to":"bob"}`},
+		{`[{"\u212a":1,"k":2}]`, `[{"k":2,"\u212a":1}]`},       // the Kelvin sign folds to k
+		{`{"\ud800":1,"\udc00":2}`, `{"\udc00":2,"\ud800":1}`}, // both U+FFFD to encoding/json
+	} {
+		key := fmt.Sprintf("k%d", i)
+		require.Equal(t, http.StatusCreated, s.post("/v1/charges", key, "acme", c.first).status, c.first)
+		again := s.post("/v1/charges", key, "acme", c.first)
+		require.Equal(t, "true", again.header.Get(idemhttp.ReplayedHeader), "the same bytes replay: %s", c.first)
+		reordered := s.post("/v1/charges", key, "acme", c.reordered)
+		require.Equal(t, http.StatusUnprocessableEntity, reordered.status, "%s after %s: %s", c.reordered, c.first, reordered.body)
+	}
+	require.EqualValues(t, 4, s.runs.Load())
+
+	require.Equal(t, http.StatusCreated, s.post("/v1/charges", "plain", "acme", `{"amount":100,"Currency":"usd"}`).status)
+	respelled := s.post("/v1/charges", "plain", "acme", ` { "Currency" : "usd", "amount" : 1e2 } `)
+	require.Equal(t, "true", respelled.header.Get(idemhttp.ReplayedHeader), "distinct names: canonicalized")
+}
+
 // TestAttackMergedKeyList: two Idempotency-Key values merged into one
 // header by a proxy ("a";x, "b") were read as the first key, its
 // parameters ignored along with everything after them. The parameters are

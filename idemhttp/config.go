@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/canonjson"
 	"github.com/onceflow/onceflow/recovery"
 	"github.com/onceflow/onceflow/workflow"
 )
@@ -530,14 +531,22 @@ func writeResponse(w http.ResponseWriter, resp recovery.Response, replayed bool)
 // media type and the body. The body is canonicalized as JSON only when the
 // media type says it is JSON (application/json or a +json type); any other
 // body is taken byte for byte, so a text body that happens to parse as JSON
-// matches only itself.
+// matches only itself. So is a JSON body that the canonical form cannot
+// stand for: one that is not JSON, or whose meaning to the handler may
+// depend on its member order, which the canonical form drops (a name
+// given twice in an object, which canonicalizing refuses, or two names
+// that encoding/json reads as one, "amount" and "AMOUNT").
 func fingerprint(op string, r *http.Request, body []byte) recovery.Fingerprint {
 	mediaType := mediaTypeOf(r)
 	target := strings.Join([]string{strconv.Quote(op), strconv.Quote(r.Method),
 		strconv.Quote(r.URL.EscapedPath() + "?" + r.URL.RawQuery), strconv.Quote(mediaType)}, " ")
 	if len(body) > 0 && isJSON(mediaType) {
-		if fp, _, err := recovery.FingerprintJSON(target, body); err == nil {
-			return fp
+		fp, canonical, err := recovery.FingerprintJSON(target, body)
+		if err == nil {
+			collide, _ := canonjson.NamesCollide(canonical) // canonical is JSON: no error
+			if !collide {
+				return fp
+			}
 		}
 	}
 	return recovery.FingerprintBytes(target, body)

@@ -40,8 +40,10 @@
 // (Idempotency-Key-Expires, an HTTP-date), the earliest moment the server
 // may forget the key: a replay, the record's completion plus
 // [Config].KeyLifetime; the handler's stored answer, 409 in flight and a
-// workflow's 500 or 503 that leave the key resumable, now plus it. Set
-// KeyLifetime to the pruner's retention (sweeper.PrunerConfig). Answers
+// workflow's 500 or 503 that leave the key resumable, now plus it. It is
+// a moment of this process's clock, which Date carries too, however far
+// the database's clock is off it. Set KeyLifetime to the pruner's
+// retention (sweeper.PrunerConfig). Answers
 // about no record of the caller's (400, 401, 403, 422, an unstored
 // answer) carry none, and no stored response holds it.
 //
@@ -54,7 +56,10 @@
 // The key may be sent as a bare token (abc) or an RFC 8941 string ("abc"),
 // with parameters. The fingerprint covers the method, the route, the path
 // and query, the media type and the body; a body of a JSON media type is
-// canonicalized first, so key order and whitespace do not matter.
+// canonicalized first, so key order and whitespace do not matter, unless
+// its meaning may depend on them: a body with two names that
+// encoding/json reads as one ("amount" and "AMOUNT") is taken byte for
+// byte.
 // Responses [StoreDefault] refuses (temporary refusals and 5xx) and
 // responses over [Config].MaxResponse are answered but not stored.
 //

@@ -125,6 +125,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		claimCtx, cancel := context.WithTimeout(r.Context(), m.dbTimeout)
 		defer cancel()
 		if m.atomic {
+			sent = time.Now() // before the claim reads the record, as lease.Send's is
 			rec, outcome, open, err = m.claimOpening(claimCtx, params)
 		} else {
 			sent, err = lease.Send(claimCtx, m.db, func(conn *pgxpool.Conn) (err error) {
@@ -145,7 +146,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if outcome == recovery.OutcomeReplay {
-		m.expires(w, rec.CompletedAt)
+		// The completion on this process's clock: sent was taken before
+		// the database read its clock for FinishedFor.
+		m.expires(w, sent.Add(-rec.FinishedFor))
 		writeResponse(w, *rec.Response, true)
 		return
 	}
@@ -244,6 +247,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery
 		m.answerUnstored(w, r, out, outcome)
 		return
 	}
+	completing := time.Now() // no later than the completion the statement stamps
 	err := t.end(cleanupCtx, func(conn *pgxpool.Conn, mark string) error {
 		if conn == nil {
 			return m.store.Complete(cleanupCtx, rec.Fence(), resp)
@@ -266,7 +270,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, rec *recovery
 		writeProblem(w, &problem{status: http.StatusServiceUnavailable, retryAfter: time.Second,
 			detail: "the response could not be stored; retry with the same key"})
 	default:
-		m.expires(w, time.Time{})
+		m.expires(w, completing)
 		writeResponse(w, resp, false)
 	}
 }

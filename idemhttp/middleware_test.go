@@ -167,6 +167,32 @@ func TestStoresAndReplays(t *testing.T) {
 	require.Equal(t, `{"charge": 2,  "amount": 100}`, other.body)
 }
 
+// TestReplayKeepsHeaderBytes: a header value is bytes, not text: a
+// Latin-1 filename in Content-Disposition, which a JSON string in jsonb
+// would have carried as U+FFFD, is replayed as the handler sent it, with
+// the claim committed on its own and with Atomic.
+func TestReplayKeepsHeaderBytes(t *testing.T) {
+	t.Parallel()
+	const disposition = "attachment; filename=\"caf\xe9.pdf\""
+	for name, cfg := range map[string]idemhttp.Config{"default": {}, "atomic": {Atomic: true}} {
+		t.Run(name, func(t *testing.T) {
+			s := newServer(t, cfg)
+			s.handle = func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Disposition", disposition)
+				s.charge(w, r)
+			}
+			first := s.post("/v1/charges", "k1", "acme", `{}`)
+			require.Equal(t, http.StatusCreated, first.status, first.body)
+			require.Equal(t, []string{disposition}, first.header.Values("Content-Disposition"))
+			replay := s.post("/v1/charges", "k1", "acme", `{}`)
+			require.Equal(t, "true", replay.header.Get(idemhttp.ReplayedHeader))
+			require.Equal(t, []string{disposition}, replay.header.Values("Content-Disposition"), "byte for byte")
+			require.Equal(t, first.body, replay.body)
+			require.EqualValues(t, 1, s.runs.Load())
+		})
+	}
+}
+
 func TestRejectsBadRequestsWithoutRunning(t *testing.T) {
 	s := newServer(t, idemhttp.Config{MaxBody: 64})
 	cases := []struct {

@@ -100,6 +100,17 @@ func requireExpiresAround(t *testing.T, r reply, before, after time.Time, lifeti
 	require.False(t, at.After(after.Add(lifetime)), "%s is after %s", at, after.Add(lifetime))
 }
 
+// requireReplayExpires checks that r, a replay answered within took,
+// advertises the key lifetime after completed, the record's completion
+// (on the database's clock, which is this machine's here), placed on the
+// process's clock: by how long ago the record finished when the claim
+// read it, counted from a moment before that read, so no later than
+// completed and no earlier than took before it.
+func requireReplayExpires(t *testing.T, r reply, completed time.Time, took, lifetime time.Duration) {
+	t.Helper()
+	requireExpiresAround(t, r, completed.Add(-took), completed, lifetime)
+}
+
 // backdate moves the completion of key's record an hour back, so that a
 // replay's expiry differs from now's, and returns it.
 func backdate(t *testing.T, db *pgxpool.Pool, key string) time.Time {
@@ -262,8 +273,7 @@ func TestWorkflowPreferWait(t *testing.T) {
 
 // TestKeyLifetimeIsAdvertised: every answer about a key with a record says
 // when the key may be forgotten: the handler's own answer and a 409 the
-// lifetime after now, a replay the lifetime after the record finished, to
-// the second. Answers about no record of the caller's (400, 401, 403, 422)
+// lifetime after now, a replay the lifetime after the record finished. Answers about no record of the caller's (400, 401, 403, 422)
 // say nothing; the stored response never holds the header, even when the
 // handler sets it and the allow-list names it.
 //
@@ -288,9 +298,10 @@ func TestKeyLifetimeIsAdvertised(t *testing.T) {
 	require.False(t, stored, "the stored response does not hold the header")
 
 	completed := backdate(t, s.db, "k1")
+	before = time.Now()
 	replay := s.send("POST", "/v1/charges", as("tok-alice", "k1"), `{}`)
 	require.Equal(t, "true", replay.header.Get(idemhttp.ReplayedHeader))
-	require.Equal(t, completed.Add(lifetime).UTC().Format(http.TimeFormat), replay.header.Get(idemhttp.ExpiresHeader))
+	requireReplayExpires(t, replay, completed, time.Since(before), lifetime)
 
 	for name, r := range map[string]reply{
 		"400": s.send("POST", "/v1/charges", as("tok-alice", `"k1`), `{}`),
@@ -353,9 +364,10 @@ func TestWorkflowKeyLifetime(t *testing.T) {
 	expiresOf(t, created)
 
 	completed := backdate(t, s.db, "k1")
+	before = time.Now()
 	replay := s.post("/v1/charges", "k1", "acme", `{"amount_cents": 500}`)
 	require.Equal(t, "true", replay.header.Get(idemhttp.ReplayedHeader))
-	require.Equal(t, completed.Add(recovery24h).UTC().Format(http.TimeFormat), replay.header.Get(idemhttp.ExpiresHeader))
+	requireReplayExpires(t, replay, completed, time.Since(before), recovery24h)
 
 	mismatch := s.post("/v1/charges", "k1", "acme", `{"amount_cents": 501}`)
 	require.Equal(t, http.StatusUnprocessableEntity, mismatch.status)

@@ -140,8 +140,12 @@ func Workflow[Req, State any](engine *workflow.Engine, wf *workflow.Workflow[Req
 			writeProblem(w, p)
 			return
 		}
-		var res *workflow.Result
+		var (
+			res   *workflow.Result
+			asked time.Time // before the run's claim read the record and its completion
+		)
 		run := func() (err error) {
+			asked = time.Now()
 			res, err = wf.Run(tracing.Extract(r), engine, who.key, req, workflow.AsPrincipal(who.principal))
 			return err
 		}
@@ -150,7 +154,7 @@ func Workflow[Req, State any](engine *workflow.Engine, wf *workflow.Workflow[Req
 			return
 		}
 		if !res.Rejected {
-			c.expires(w, res.CompletedAt)
+			c.expires(w, asked.Add(-res.FinishedFor)) // FinishedFor is 0 for a run that finished now
 		}
 		writeResponse(w, res.Response, res.Replayed)
 	}), nil

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/foreign"
@@ -66,7 +67,13 @@ func newWorkflowServerWith(t *testing.T, cfg idemhttp.WorkflowConfig) *workflowS
 func newWorkflowServerOn(t *testing.T, cfg idemhttp.WorkflowConfig, engineCfg workflow.Config) *workflowServer {
 	t.Helper()
 	t.Parallel()
-	s := &workflowServer{server: &server{t: t, db: dbtest.NewPool(t, 16)}, block: make(chan gate, 1)}
+	return newWorkflowServerOnPool(t, dbtest.NewPool(t, 16), cfg, engineCfg)
+}
+
+// newWorkflowServerOnPool is newWorkflowServerOn on pool.
+func newWorkflowServerOnPool(t *testing.T, pool *pgxpool.Pool, cfg idemhttp.WorkflowConfig, engineCfg workflow.Config) *workflowServer {
+	t.Helper()
+	s := &workflowServer{server: &server{t: t, db: pool}, block: make(chan gate, 1)}
 	_, err := s.db.Exec(context.Background(), `CREATE TABLE payments (id bigserial PRIMARY KEY, charge text)`)
 	require.NoError(t, err)
 	wf := workflow.Define("pay",

@@ -224,6 +224,7 @@ func (s *Store) claimFrom(ctx context.Context, p ClaimParams, args []any, row pg
 			}
 			return nil, 0, s.claimError(p.Key, err)
 		}
+		rec.readAt(dbNow)
 		switch {
 		case outcome == claimedNew:
 			if deferred {
@@ -272,6 +273,9 @@ func (s *Store) takeover(ctx context.Context, k Key, workflow string) (*Record, 
 		return nil, 0, &InFlightError{Key: k, RetryAfter: time.Second}
 	case err != nil:
 		return nil, 0, s.dbError("take over key", err)
+	}
+	rec.readAt(dbNow)
+	switch {
 	case rec.Workflow != workflow:
 		return nil, 0, fmt.Errorf("take over key: %w: the record belongs to workflow %q, not %q (tenant %q, key %q)",
 			ErrMismatch, rec.Workflow, workflow, k.Tenant, k.ID)

@@ -1,8 +1,10 @@
 package recovery_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -288,22 +290,28 @@ func TestReplayIsByteForByte(t *testing.T) {
 	// Key order, whitespace, escapes and a trailing newline a jsonb column
 	// would all have normalised away.
 	body := []byte("{\"z\": 1,   \"a\" :[ 2,1 ],\n \"u\":\"\\u00e9\", \"n\": 1.50}\n")
+	// Header values are bytes: a Latin-1 filename, or a NUL, which a JSON
+	// string in jsonb cannot carry, come back as they were sent.
+	disposition := []string{"attachment; filename=\"caf\xe9.pdf\"", "inline; filename=\"\u00e9t\u00e9.txt\"", "a\x00b"}
 	header := map[string][]string{
-		"Content-Type": {"application/json; charset=utf-8"},
-		"Link":         {"</a>; rel=a", "</b>; rel=b"},
-		"Set-Cookie":   {"session=secret"},
-		"content-type": {"text/plain"}, // another spelling of an allowed header: kept too
-		"X-Request-Id": {"abc"},
+		"Content-Type":        {"application/json; charset=utf-8"},
+		"Link":                {"</a>; rel=a", "</b>; rel=b"},
+		"Content-Disposition": disposition,
+		"Set-Cookie":          {"session=secret"},
+		"content-type":        {"text/plain"}, // another spelling of an allowed header: kept too
+		"X-Request-Id":        {"abc"},
 	}
 	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), recovery.Response{Status: 201, Header: header, Body: body}))
 
 	replay, _ := b.claim(t, p)
 	require.Equal(t, body, replay.Response.Body)
 	require.Equal(t, map[string][]string{
-		"Content-Type": replay.Response.Header["Content-Type"],
-		"Link":         {"</a>; rel=a", "</b>; rel=b"},
-	}, map[string][]string(replay.Response.Header), "only allow-listed headers are kept, values in order")
+		"Content-Type":        replay.Response.Header["Content-Type"],
+		"Link":                {"</a>; rel=a", "</b>; rel=b"},
+		"Content-Disposition": disposition,
+	}, map[string][]string(replay.Response.Header), "only allow-listed headers are kept, values in order and byte for byte")
 	require.ElementsMatch(t, []string{"application/json; charset=utf-8", "text/plain"}, replay.Response.Header["Content-Type"])
+	require.Equal(t, disposition, b.load(t, key).Response.Header["Content-Disposition"])
 
 	// Bodies that are not JSON, or not text, are kept exactly too.
 	binKey := recovery.Key{Tenant: "acme", ID: "binary"}
@@ -311,6 +319,62 @@ func TestReplayIsByteForByte(t *testing.T) {
 	binary := []byte{0x00, 0xff, 0xfe, '\n', 0x80}
 	require.NoError(t, b.store.Complete(b.ctx, binRec.Fence(), recovery.Response{Status: 200, Body: binary}))
 	require.Equal(t, binary, b.load(t, binKey).Response.Body)
+}
+
+// TestFinishedForIsMeasuredOnTheDatabaseClock: the FinishedFor of a
+// replay and of a load is how long ago the record finished by the
+// database's clock alone. On a database an hour ahead of this process, a
+// record that finished an hour ago by the database's clock has been
+// finished an hour, which this process's clock set against CompletedAt
+// (a reading of the database's) would call no time at all.
+func TestFinishedForIsMeasuredOnTheDatabaseClock(t *testing.T) {
+	t.Parallel()
+	b := setupWith(t, dbtest.Connect(t, dbtest.NewSkewedDatabase(t, time.Hour, dbtest.Options{}), 4))
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{}`)
+	rec, _ := b.claim(t, p)
+	require.Zero(t, rec.FinishedFor, "in flight")
+	before := time.Now()
+	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), jsonResponse))
+	_, err := b.db.Exec(b.ctx, `UPDATE onceflow_keys SET completed_at = completed_at - interval '1 hour'`)
+	require.NoError(t, err)
+
+	replay, outcome := b.claim(t, p)
+	require.Equal(t, recovery.OutcomeReplay, outcome)
+	loaded := b.load(t, key)
+	took := time.Since(before)
+	for name, r := range map[string]*recovery.Record{"replay": replay, "load": loaded} {
+		require.GreaterOrEqual(t, r.FinishedFor, time.Hour, name)
+		require.LessOrEqual(t, r.FinishedFor, time.Hour+took, name)
+	}
+}
+
+// TestStoredHeaderEncoding: a header value in valid UTF-8 is stored as a
+// JSON string, as every record stored before the base64 form was, and is
+// read by SQL as text; only a value that a JSON string cannot hold takes
+// the base64 form. A record stored before it replays as it was stored.
+func TestStoredHeaderEncoding(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	p := params(t, key, `{}`)
+	rec, _ := b.claim(t, p)
+	require.NoError(t, b.store.Complete(b.ctx, rec.Fence(), recovery.Response{Status: 200, Header: http.Header{
+		"Content-Type": {"text/plain; charset=utf-8"}, "Content-Disposition": {"attachment; filename=\"caf\xe9.pdf\""},
+	}}))
+	var stored string
+	require.NoError(t, b.db.QueryRow(b.ctx, `SELECT response_header::text FROM onceflow_keys`).Scan(&stored))
+	require.JSONEq(t, `{"Content-Type": ["text/plain; charset=utf-8"],
+		"Content-Disposition": [{"base64": "YXR0YWNobWVudDsgZmlsZW5hbWU9ImNhZukucGRmIg=="}]}`, stored)
+
+	// As a record stored before the base64 form holds it.
+	before := http.Header{"Content-Type": {"application/json"}, "Link": {"</a>; rel=a", "</b>; rel=b"}, "Vary": nil}
+	old, err := json.Marshal(before)
+	require.NoError(t, err)
+	_, err = b.db.Exec(b.ctx, `UPDATE onceflow_keys SET response_header = $1::jsonb`, old)
+	require.NoError(t, err)
+	replay, outcome := b.claim(t, p)
+	require.Equal(t, recovery.OutcomeReplay, outcome)
+	require.Equal(t, before, replay.Response.Header)
 }
 
 func TestResponseHeaderAllowListIsConfigurable(t *testing.T) {

@@ -47,6 +47,12 @@ func Canonicalize(dst, src []byte) ([]byte, error) { return canonjson.Append(dst
 // first (see Canonicalize), so key order, whitespace, number spelling and
 // string escaping do not change the result. It returns the canonical form
 // too, for storing.
+//
+// Key order does matter to encoding/json where two names of one object
+// differ only in case ("amount", "AMOUNT"): decoding into a struct, it
+// keeps the last. Fingerprint the body a handler decodes so byte for byte
+// (FingerprintBytes), as idemhttp.Middleware does, or decode it with
+// names matched exactly, as idemhttp.Workflow does.
 func FingerprintJSON(operation string, body []byte) (Fingerprint, []byte, error) {
 	canonical, err := canonjson.Append(make([]byte, 0, len(body)), body)
 	if err != nil {

@@ -90,6 +90,15 @@ type Record struct {
 	// progress. Lease renewals do not move it.
 	UpdatedAt   time.Time
 	CompletedAt time.Time // zero while in flight
+	// FinishedFor is how long the record had been finished when it was
+	// read, by the database's clock alone: clock_timestamp() at the read
+	// less CompletedAt. CompletedAt is a reading of the database's clock,
+	// which may be off the process's; a process places the completion on
+	// its own clock as a moment taken before the read less FinishedFor
+	// (what idemhttp's Idempotency-Key-Expires is counted from, since the
+	// pruner forgets a record by the database's clock). Set on a finished
+	// record that Claim, a takeover or Load returns; zero otherwise.
+	FinishedFor time.Duration
 	// TraceParent is the W3C traceparent of the request that created the
 	// record (ClaimParams.TraceParent); "" when it had none, or the record
 	// was made before migration 0014.
@@ -107,6 +116,15 @@ type Record struct {
 	// unwritten is set on a new record a claim that opened a transaction
 	// returned without inserting it (see unwritten).
 	unwritten *unwritten
+}
+
+// readAt sets FinishedFor from dbNow, the database's clock when r was
+// read. A clock that stepped back between the completion and the read
+// counts as none.
+func (r *Record) readAt(dbNow time.Time) {
+	if r.Finished() && !r.CompletedAt.IsZero() {
+		r.FinishedFor = max(dbNow.Sub(r.CompletedAt), 0)
+	}
 }
 
 // Fence returns the record's key and owner token, which every write after
@@ -137,7 +155,8 @@ type Fence struct {
 // to every retry.
 type Response struct {
 	Status int
-	// Header holds the allow-listed response headers (Config.ResponseHeaders).
+	// Header holds the allow-listed response headers (Config.ResponseHeaders),
+	// each value stored byte for byte, UTF-8 or not.
 	Header http.Header
 	// Body is stored byte for byte; a JSON body keeps its key order and
 	// whitespace.
@@ -218,9 +237,11 @@ func scanRecord(row pgx.Row, extra ...any) (*Record, error) {
 			resp.Body = []byte{}
 		}
 		if len(responseHeader) > 0 {
-			if err := json.Unmarshal(responseHeader, &resp.Header); err != nil {
+			header, err := decodeHeader(responseHeader)
+			if err != nil {
 				return nil, fmt.Errorf("decode stored response header: %w", err)
 			}
+			resp.Header = header
 		}
 		r.Response = resp
 	}

@@ -104,7 +104,8 @@ SELECT ` + recordColumns + `, 3, clock_timestamp(), NULL FROM existing WHERE NOT
 const fence = `tenant_id = $1 AND key = $2 AND owner = $3 AND status = 'in_flight'`
 
 const (
-	loadSQL = `SELECT ` + recordColumns + ` FROM {keys} WHERE tenant_id = $1 AND key = $2`
+	// loadSQL reads a record and the database's clock.
+	loadSQL = `SELECT ` + recordColumns + `, clock_timestamp() FROM {keys} WHERE tenant_id = $1 AND key = $2`
 
 	advanceSQL = `UPDATE {keys} SET recovery_point = $4, state = $5::json,
     history = {schema}.onceflow_history(history, 'phase_committed', owner, $4),

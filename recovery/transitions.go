@@ -2,7 +2,6 @@ package recovery
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -18,13 +17,15 @@ func (s *Store) Load(ctx context.Context, k Key) (*Record, error) {
 	if err := k.Validate(); err != nil {
 		return nil, err
 	}
-	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.load, k.Tenant, k.ID))
+	var dbNow time.Time
+	rec, err := scanRecord(s.db.QueryRow(ctx, s.sql.load, k.Tenant, k.ID), &dbNow)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w (tenant %q, key %q)", ErrNotFound, k.Tenant, k.ID)
 	}
 	if err != nil {
 		return nil, s.dbError("load key", err)
 	}
+	rec.readAt(dbNow)
 	return rec, nil
 }
 
@@ -114,7 +115,7 @@ func (s *Store) finishing(status Status, kind TransitionKind, resp Response, cau
 		return insertion{}, &InputError{Field: "response status", Problem: fmt.Sprintf("is %d, not a three-digit HTTP status", resp.Status)}
 	}
 	stored := s.stored(resp)
-	header, err := json.Marshal(stored.Header)
+	header, err := encodeHeader(stored.Header)
 	if err != nil {
 		return insertion{}, fmt.Errorf("encode header: %w", err)
 	}

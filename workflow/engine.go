@@ -244,6 +244,13 @@ type Result struct {
 	// clock); the pruner may forget the key its retention after it. Zero
 	// when Replayed is false.
 	CompletedAt time.Time
+	// FinishedFor is how long the replayed record had been finished when
+	// the run read it, by the database's clock alone
+	// (recovery.Record.FinishedFor): a moment of the process's clock taken
+	// before the run, less FinishedFor, is the completion on that clock,
+	// however far the database's clock is off. Zero when Replayed is
+	// false.
+	FinishedFor time.Duration
 }
 
 // NewEngine returns an engine that stores key records in db.
@@ -494,5 +501,6 @@ func replayed(rec *recovery.Record) *Result {
 		Failed:      rec.Status == recovery.StatusFailed,
 		Compensated: rec.Status == recovery.StatusCompensated,
 		CompletedAt: rec.CompletedAt,
+		FinishedFor: rec.FinishedFor,
 	}
 }
