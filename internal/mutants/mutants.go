@@ -301,6 +301,22 @@ var mutants = []Mutant{
 		Pkg: "./workflow", Run: "^TestAnAttemptThatCannotReadTheRecordNeitherWipesItsStateNorUndoesBlind$",
 	},
 	{
+		Name:   "unreadable-state-fails",
+		Breaks: "a state its own definition cannot decode fails the attempts instead of parking the record, and once they run out the workflow undoes its steps with a state it never read",
+		Edits: []Edit{{File: "workflow/attempt.go",
+			Old: "\t\tif err := json.Unmarshal(rec.State, &a.run.State); err != nil {\n\t\t\treturn &unreadableError{",
+			New: "\t\tif err := json.Unmarshal(rec.State, &a.run.State); err != nil {\n\t\t\tif !r.upgrade {\n\t\t\t\treturn fmt.Errorf(\"decode stored state: %w\", err)\n\t\t\t}\n\t\t\treturn &unreadableError{"}},
+		Pkg: "./workflow", Run: "^TestAStateItsOwnDefinitionCannotReadParks$",
+	},
+	{
+		Name:   "unreadable-request-fails",
+		Breaks: "a stored request the running definition cannot decode fails the attempts instead of parking the record, and a compensating record ends failed with its charge kept",
+		Edits: []Edit{{File: "workflow/attempt.go",
+			Old: `&unreadableError{what: "request", version: a.w.spec().Version, err: err}`,
+			New: `fmt.Errorf("decode stored request: %w", err)`}},
+		Pkg: "./workflow", Run: "^TestARequestItsDefinitionCannotReadParks$",
+	},
+	{
 		Name:   "undo-list-unbounded",
 		Breaks: "a workflow with more compensable steps than an undo list holds is accepted, and a failure with more started is retried for ever",
 		Edits: []Edit{{File: "workflow/define.go",
