@@ -102,18 +102,14 @@ func fenced(err error) error {
 
 // run starts or continues the workflow for a client's request.
 func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, req Req, opts runOptions) (*Result, error) {
-	body, err := json.Marshal(req)
+	body, fp, err := w.encodeRequest(req)
 	if err != nil {
-		return nil, fmt.Errorf("%w: encode %s request: %v", ErrInvalidInput, w.name, err)
-	}
-	fp, canonical, err := recovery.FingerprintJSON(w.name, body)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidInput, err)
+		return nil, err
 	}
 	if err := e.ensureSaved(ctx, w); err != nil {
 		return nil, fmt.Errorf("workflow %s: %w", w.name, err)
 	}
-	params := recovery.ClaimParams{Key: key, Workflow: w.name, Fingerprint: fp, Request: canonical, Principal: opts.principal,
+	params := recovery.ClaimParams{Key: key, Workflow: w.name, Fingerprint: fp, Request: body, Principal: opts.principal,
 		Definition: w.spec().Fingerprint}
 	a := &attempt[Req, State]{e: e, w: w, key: key}
 	// A record the claim creates stores the attempt's trace context, which
@@ -135,6 +131,30 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, req 
 	}
 	a.run.Request = req
 	return a.execute(ctx)
+}
+
+// encodeRequest returns the JSON of req to store with a new record, as
+// encoding/json writes it, and its fingerprint, which is over its canonical
+// form (recovery.FingerprintJSON). The canonical form is not what is
+// stored: it writes an integer of more than 21 digits with an exponent,
+// which a *big.Int does not read. A request whose JSON does not decode
+// back into Req (a type whose MarshalJSON its UnmarshalJSON cannot read)
+// is refused with ErrInvalidInput: no resume could read it.
+func (w *Workflow[Req, State]) encodeRequest(req Req) ([]byte, recovery.Fingerprint, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, recovery.Fingerprint{}, fmt.Errorf("%w: encode %s request: %v", ErrInvalidInput, w.name, err)
+	}
+	fp, _, err := recovery.FingerprintJSON(w.name, body)
+	if err != nil {
+		return nil, recovery.Fingerprint{}, fmt.Errorf("%w: %v", ErrInvalidInput, err)
+	}
+	var back Req
+	if err := json.Unmarshal(body, &back); err != nil {
+		return nil, recovery.Fingerprint{}, fmt.Errorf("%w: the %s request's JSON does not decode back into its type, so a resume could not read it: %v",
+			ErrInvalidInput, w.name, err)
+	}
+	return body, fp, nil
 }
 
 // resume continues the workflow of rec from its stored request. It stores
