@@ -353,6 +353,28 @@ func (a *attempt[Req, State]) loadState(ctx context.Context, rec *recovery.Recor
 	return nil
 }
 
+// restoreCommittedState puts the state the record last committed back in
+// place of the attempt's, which could not be encoded (encodeErr: a NaN, a
+// MarshalJSON that fails): a workflow giving up must still undo what its
+// steps did, and its compensations run with the state as committed. It
+// reads the record in the open transaction, if any.
+func (a *attempt[Req, State]) restoreCommittedState(ctx context.Context, encodeErr error) error {
+	rec, err := a.store().Load(ctx, a.key)
+	if err != nil {
+		return fmt.Errorf("encoding the state failed (%w), and reading the committed one to undo with failed: %w", encodeErr, err)
+	}
+	var committed State
+	if len(rec.State) > 0 {
+		if err := json.Unmarshal(rec.State, &committed); err != nil {
+			return fmt.Errorf("encoding the state failed (%w), and decoding the committed one to undo with failed: %w", encodeErr, err)
+		}
+	}
+	a.run.State = committed
+	a.e.logger.WarnContext(ctx, "the state cannot be encoded; undoing with the state as last committed",
+		a.logAttrs("", slog.Any("error", encodeErr))...)
+	return nil
+}
+
 // unreadableError reports a stored request or state that the running
 // definition cannot decode: written by another definition (whose upgrader,
 // if any, refused it), or by this one under a type whose JSON changed

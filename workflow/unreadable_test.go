@@ -8,7 +8,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -162,4 +164,55 @@ func TestARequestItsDefinitionCannotReadParks(t *testing.T) {
 	require.True(t, res.Compensated)
 	require.Equal(t, 1, w.provider.Effects("refunds"))
 	require.Equal(t, 1, w.provider.Effects("releases"))
+}
+
+// rated is a state a step can make unwritable: encoding/json refuses NaN.
+type rated struct {
+	OrderID  int64   `json:"order_id"`
+	ChargeID string  `json:"charge_id,omitempty"`
+	Rate     float64 `json:"rate"`
+}
+
+// TestAStateThatCannotBeWrittenAfterAChargeIsUndone: create (atomic) →
+// charge (foreign, undone by a refund), which sets a NaN in the state →
+// record (atomic). No attempt can commit the charge's result, and each
+// charges again with the same key. When the attempts run out, the charge
+// must be refunded, the compensation seeing the state as last committed,
+// not the failure stored with the charge kept.
+func TestAStateThatCannotBeWrittenAfterAChargeIsUndone(t *testing.T) {
+	w := newWorld(t)
+	var (
+		mu   sync.Mutex
+		seen []rated // the state each refund had
+	)
+	wf := workflow.Define("rated",
+		phase.Atomic("create", func(_ context.Context, _ pgx.Tx, r *phase.Run[Order, rated]) error {
+			r.State.OrderID = 7
+			return nil
+		}),
+		foreign.Mutation("charge", func(ctx context.Context, c *foreign.Call[Order, rated]) error {
+			id, err := testapp.Call(ctx, w.provider.URL, "charges", c.Key)
+			c.State.ChargeID, c.State.Rate = id, math.NaN()
+			return err
+		}, foreign.Compensate(func(ctx context.Context, c *foreign.Call[Order, rated]) error {
+			mu.Lock()
+			seen = append(seen, c.State)
+			mu.Unlock()
+			_, err := testapp.CallUndoing(ctx, w.provider.URL, "refunds", c.Key, c.Compensates)
+			return err
+		})),
+		phase.Atomic("record", func(context.Context, pgx.Tx, *phase.Run[Order, rated]) error { return nil }),
+	)
+	e := w.engine(workflow.Config{MaxAttempts: 2})
+	_, err := wf.Run(w.ctx, e, acme, order)
+	require.ErrorContains(t, err, "encode state")
+	res, err := wf.Run(w.ctx, e, acme, order)
+	require.NoError(t, err)
+	require.True(t, res.Compensated, "failed %v: %s", res.Failed, res.Response.Body)
+	require.Equal(t, 1, w.provider.Effects("charges"))
+	require.Equal(t, 1, w.provider.Effects("refunds"))
+	require.Equal(t, recovery.StatusCompensated, w.record(acme).Status)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []rated{{OrderID: 7}}, seen, "the refund saw the state as last committed")
 }

@@ -345,6 +345,20 @@ var mutants = []Mutant{
 		Pkg: "./workflow", Run: "^TestARequestItsDefinitionCannotReadParks$",
 	},
 	{
+		Name:   "unwritable-state-not-undone",
+		Breaks: "a workflow whose state cannot be encoded after a charge gives up by storing a 500, and the charge is never refunded",
+		Edits: []Edit{{File: "workflow/compensate.go",
+			Old: "if err := a.restoreCommittedState(cleanupCtx, err); err != nil {", New: "if err := a.restoreCommittedState(cleanupCtx, err); err != nil || true {"}},
+		Pkg: "./workflow", Run: "^TestAStateThatCannotBeWrittenAfterAChargeIsUndone$",
+	},
+	{
+		Name:   "undo-with-unwritable-state",
+		Breaks: "the compensations of a workflow whose state cannot be encoded run with that state, not the one last committed, and the record fails when the first of them cannot commit it",
+		Edits: []Edit{{File: "workflow/attempt.go",
+			Old: "\ta.run.State = committed\n", New: "\t_ = committed\n"}},
+		Pkg: "./workflow", Run: "^TestAStateThatCannotBeWrittenAfterAChargeIsUndone$",
+	},
+	{
 		Name:   "undo-list-unbounded",
 		Breaks: "a workflow with more compensable steps than an undo list holds is accepted, and a failure with more started is retried for ever",
 		Edits: []Edit{{File: "workflow/define.go",
