@@ -161,19 +161,20 @@ func Workflow[Req, State any](engine *workflow.Engine, wf *workflow.Workflow[Req
 }
 
 // decode reads a JSON request strictly and validates it. The body is
-// canonicalized first, so 5e2 decodes into an integer as 500 would.
+// canonicalized first, so 5e2 decodes into an integer as 500 would; a type
+// that does not read the canonical form (a *big.Int reads no exponent,
+// which the canonical form gives an integer of more than 21 digits) reads
+// the body as sent.
 func decode(body []byte, req any) *problem {
 	canonical, err := recovery.Canonicalize(nil, body)
 	if err != nil {
 		return &problem{status: http.StatusBadRequest, detail: "the body is not valid JSON: " + err.Error()}
 	}
-	dec := json.NewDecoder(bytes.NewReader(canonical))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(req); err != nil {
-		return &problem{status: http.StatusBadRequest, detail: "the body is not a valid request: " + err.Error()}
-	}
-	if dec.More() {
-		return &problem{status: http.StatusBadRequest, detail: "the body holds more than one JSON value"}
+	if p := decodeStrictly(canonical, req); p != nil {
+		reflect.ValueOf(req).Elem().SetZero()
+		if decodeStrictly(body, req) != nil {
+			return p
+		}
 	}
 	if err := exactNames(canonical, reflect.TypeOf(req)); err != nil {
 		return &problem{status: http.StatusBadRequest, detail: "the body is not a valid request: " + err.Error()}
@@ -182,6 +183,20 @@ func decode(body []byte, req any) *problem {
 		if err := v.Validate(); err != nil {
 			return &problem{status: http.StatusUnprocessableEntity, detail: err.Error()}
 		}
+	}
+	return nil
+}
+
+// decodeStrictly decodes the one JSON value in doc into req, refusing
+// unknown fields.
+func decodeStrictly(doc []byte, req any) *problem {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(req); err != nil {
+		return &problem{status: http.StatusBadRequest, detail: "the body is not a valid request: " + err.Error()}
+	}
+	if dec.More() {
+		return &problem{status: http.StatusBadRequest, detail: "the body holds more than one JSON value"}
 	}
 	return nil
 }

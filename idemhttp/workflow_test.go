@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -235,4 +237,59 @@ func TestWorkflowConfigIsChecked(t *testing.T) {
 	_, err = idemhttp.Workflow(engine, wf, idemhttp.WorkflowConfig{Tenant: trustedTenant, BodyTimeout: -1})
 	require.ErrorIs(t, err, recovery.ErrInvalidInput)
 	require.Empty(t, engine.Workflows(), "nothing was registered")
+}
+
+// Transfer is a request of an integer that may have more than 21 digits.
+type Transfer struct {
+	Amount *big.Int `json:"amount"`
+}
+
+// TestWorkflowHandlerTakesAndResumesHugeIntegers: a body with a 31-digit
+// amount is a request like any other (a *big.Int does not read the
+// canonical form's exponent), and once its client is gone, Resume (the
+// completer's path) finishes it from the stored request with that amount.
+func TestWorkflowHandlerTakesAndResumesHugeIntegers(t *testing.T) {
+	t.Parallel()
+	s := &server{t: t, db: dbtest.NewPool(t, 16)}
+	var (
+		mu      sync.Mutex
+		amounts []string // each call's amount
+		failed  bool
+	)
+	wf := workflow.Define("transfer",
+		foreign.Mutation("send", func(_ context.Context, c *foreign.Call[Transfer, Paid]) error {
+			mu.Lock()
+			defer mu.Unlock()
+			amounts = append(amounts, c.Request.Amount.String())
+			if !failed {
+				failed = true
+				return errors.New("provider timeout")
+			}
+			return nil
+		}),
+		phase.Atomic("record", func(context.Context, pgx.Tx, *phase.Run[Transfer, Paid]) error { return nil }),
+	)
+	engine, err := workflow.NewEngine(s.db, workflow.Config{})
+	require.NoError(t, err)
+	h, err := idemhttp.Workflow(engine, wf, idemhttp.WorkflowConfig{Tenant: trustedTenant})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	s.url = srv.URL
+
+	const amount = "1000000000000000000000000000001"
+	first := s.post("/", "k1", "acme", `{"amount": `+amount+`}`)
+	require.Equal(t, http.StatusInternalServerError, first.status, first.body)
+	res, err := engine.Resume(context.Background(), workflow.Key{Tenant: "acme", ID: "k1"})
+	require.NoError(t, err)
+	require.False(t, res.Failed)
+	mu.Lock()
+	require.Equal(t, []string{amount, amount}, amounts)
+	mu.Unlock()
+
+	again := s.post("/", "k1", "acme", `{ "amount" : `+amount+` }`)
+	require.Equal(t, "true", again.header.Get(idemhttp.ReplayedHeader), "%d %s", again.status, again.body)
+	// A spelling the type cannot read is refused, as it always was.
+	exponent := s.post("/", "k2", "acme", `{"amount": 1.000000000000000000000000000001e30}`)
+	require.Equal(t, http.StatusBadRequest, exponent.status)
 }

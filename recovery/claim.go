@@ -51,8 +51,9 @@ type ClaimParams struct {
 	// Fingerprint identifies the request (FingerprintJSON, FingerprintBytes).
 	Fingerprint Fingerprint
 	// Request is stored with a new record so the work can resume without
-	// the client. It must be JSON in UTF-8 (an *InputError says when it is
-	// not); nil or empty stores nothing.
+	// the client, byte for byte (a json column: PostgreSQL keeps its
+	// spelling, member order and duplicate keys). It must be JSON in UTF-8
+	// (an *InputError says when it is not); nil or empty stores nothing.
 	Request []byte
 	// Lease is how long the claim holds the key. 0 means the Store's lease
 	// (Config.Lease).

@@ -528,3 +528,17 @@ func TestRecordWithoutPrincipalIsTheTenants(t *testing.T) {
 	_, _, err = b.store.Claim(b.ctx, p)
 	require.ErrorIs(t, err, recovery.ErrForbidden)
 }
+
+// TestStoredRequestIsKeptByteForByte: the request column keeps what it is
+// given, as a resume must decode it: an integer of 31 digits in full (not
+// 1e+30, which a *big.Int does not read), member order and a repeated key.
+// A jsonb column would normalise all three.
+func TestStoredRequestIsKeptByteForByte(t *testing.T) {
+	b := setup(t)
+	key := recovery.Key{Tenant: "acme", ID: "k1"}
+	const request = `{"z": 1000000000000000000000000000000, "a": 1e30, "a": 2}`
+	p := params(t, key, `{}`) // FingerprintJSON refuses a repeated key; Claim stores what it is given
+	p.Request = []byte(request)
+	b.claim(t, p)
+	require.Equal(t, request, string(b.load(t, key).Request))
+}

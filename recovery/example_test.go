@@ -26,7 +26,7 @@ func ExampleStore_Claim() {
 	}
 
 	handle := func(body string) {
-		fp, canonical, err := recovery.FingerprintJSON("create_charge", []byte(body))
+		fp, _, err := recovery.FingerprintJSON("create_charge", []byte(body))
 		if err != nil {
 			fmt.Println("bad request:", err)
 			return
@@ -35,7 +35,7 @@ func ExampleStore_Claim() {
 			Key:         recovery.Key{Tenant: "acme", ID: "2f1c9a"},
 			Workflow:    "create_charge",
 			Fingerprint: fp,
-			Request:     canonical,
+			Request:     []byte(body), // as received: what a resume decodes
 		})
 		switch {
 		case errors.Is(err, recovery.ErrInFlight):

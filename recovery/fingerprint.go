@@ -46,7 +46,9 @@ func Canonicalize(dst, src []byte) ([]byte, error) { return canonjson.Append(dst
 // workflow's name, or an HTTP method and route). The body is canonicalized
 // first (see Canonicalize), so key order, whitespace, number spelling and
 // string escaping do not change the result. It returns the canonical form
-// too, for storing.
+// too. Store the request as received (ClaimParams.Request), not in its
+// canonical form: that writes an integer of more than 21 digits with an
+// exponent, which a *big.Int, for one, does not read back.
 //
 // Key order does matter to encoding/json where two names of one object
 // differ only in case ("amount", "AMOUNT"): decoding into a struct, it

@@ -98,18 +98,14 @@ func fenced(err error) error {
 
 // run starts or continues the workflow for a client's request.
 func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, req Req, opts runOptions) (*Result, error) {
-	body, err := json.Marshal(req)
+	body, fp, err := w.encodeRequest(req)
 	if err != nil {
-		return nil, fmt.Errorf("%w: encode %s request: %v", ErrInvalidInput, w.name, err)
-	}
-	fp, canonical, err := recovery.FingerprintJSON(w.name, body)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidInput, err)
+		return nil, err
 	}
 	if err := e.ensureSaved(ctx, w); err != nil {
 		return nil, fmt.Errorf("workflow %s: %w", w.name, err)
 	}
-	params := recovery.ClaimParams{Key: key, Workflow: w.name, Fingerprint: fp, Request: canonical, Principal: opts.principal,
+	params := recovery.ClaimParams{Key: key, Workflow: w.name, Fingerprint: fp, Request: body, Principal: opts.principal,
 		Definition: w.spec().Fingerprint}
 	a := &attempt[Req, State]{e: e, w: w, key: key}
 	// A record the claim creates stores the attempt's trace context, which
@@ -131,6 +127,30 @@ func (w *Workflow[Req, State]) run(ctx context.Context, e *Engine, key Key, req 
 	}
 	a.run.Request = req
 	return a.execute(ctx)
+}
+
+// encodeRequest returns the JSON of req to store with a new record, as
+// encoding/json writes it, and its fingerprint, which is over its canonical
+// form (recovery.FingerprintJSON). The canonical form is not what is
+// stored: it writes an integer of more than 21 digits with an exponent,
+// which a *big.Int does not read. A request whose JSON does not decode
+// back into Req (a type whose MarshalJSON its UnmarshalJSON cannot read)
+// is refused with ErrInvalidInput: no resume could read it.
+func (w *Workflow[Req, State]) encodeRequest(req Req) ([]byte, recovery.Fingerprint, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, recovery.Fingerprint{}, fmt.Errorf("%w: encode %s request: %v", ErrInvalidInput, w.name, err)
+	}
+	fp, _, err := recovery.FingerprintJSON(w.name, body)
+	if err != nil {
+		return nil, recovery.Fingerprint{}, fmt.Errorf("%w: %v", ErrInvalidInput, err)
+	}
+	var back Req
+	if err := json.Unmarshal(body, &back); err != nil {
+		return nil, recovery.Fingerprint{}, fmt.Errorf("%w: the %s request's JSON does not decode back into its type, so a resume could not read it: %v",
+			ErrInvalidInput, w.name, err)
+	}
+	return body, fp, nil
 }
 
 // resume continues the workflow of rec from its stored request. It stores
@@ -238,9 +258,6 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 		if rec.Workflow != a.w.name {
 			return a.failed(ctx, "", fmt.Errorf("%w: the record now belongs to workflow %s", ErrUnknownWorkflow, rec.Workflow))
 		}
-		if err := json.Unmarshal(rec.Request, &a.run.Request); err != nil {
-			return a.failed(ctx, "", fmt.Errorf("decode stored request: %w", err))
-		}
 	}
 	r, err := a.e.route(ctx, a.store(), a.w, rec)
 	switch {
@@ -258,8 +275,8 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 		return a.park(ctx, fmt.Sprintf("its recovery point %q is not a step of version %s", r.point, a.w.spec().Version))
 	}
 	a.next, a.first, a.placed = next, next, true
-	if err := a.loadState(ctx, rec, r); err != nil {
-		var unreadable *unreadableStateError
+	if err := a.loadRecord(ctx, rec, r); err != nil {
+		var unreadable *unreadableError
 		if errors.As(err, &unreadable) {
 			return a.park(ctx, err.Error())
 		}
@@ -270,6 +287,19 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 		a.e.logger.InfoContext(ctx, "resuming workflow", a.logAttrs("", slog.String("after", rec.RecoveryPoint))...)
 	}
 	return nil, nil
+}
+
+// loadRecord reads the record into the attempt: its stored request, when
+// the attempt resumes it (a caller's run has the request it was given), and
+// its state (loadState). What this definition cannot decode is an
+// *unreadableError.
+func (a *attempt[Req, State]) loadRecord(ctx context.Context, rec *recovery.Record, r route) error {
+	if a.fromRecord {
+		if err := json.Unmarshal(rec.Request, &a.run.Request); err != nil {
+			return &unreadableError{what: "request", version: a.w.spec().Version, err: err}
+		}
+	}
+	return a.loadState(ctx, rec, r)
 }
 
 // loadState decodes the record's state, through the definition's state
@@ -284,15 +314,12 @@ func (a *attempt[Req, State]) loadState(ctx context.Context, rec *recovery.Recor
 	case r.upgrade && a.w.upgradeState != nil:
 		state, err := a.w.upgradeState(rec.State)
 		if err != nil {
-			return &unreadableStateError{definition: rec.Definition, err: err}
+			return &unreadableError{what: "state", writer: rec.Definition, version: a.w.spec().Version, err: err}
 		}
 		a.run.State, upgraded = state, true
 	default:
 		if err := json.Unmarshal(rec.State, &a.run.State); err != nil {
-			if r.upgrade {
-				return &unreadableStateError{definition: rec.Definition, err: err}
-			}
-			return fmt.Errorf("decode stored state: %w", err)
+			return &unreadableError{what: "state", writer: rec.Definition, version: a.w.spec().Version, err: err}
 		}
 	}
 	if !r.upgrade && rec.Definition != "" && rec.ResumeAs == "" {
@@ -322,22 +349,55 @@ func (a *attempt[Req, State]) loadState(ctx context.Context, rec *recovery.Recor
 	return nil
 }
 
-// unreadableStateError reports a state another definition committed that
-// this one cannot read: every attempt would read the same JSON and fail, so
-// the record is parked instead.
-type unreadableStateError struct {
-	definition string
-	err        error
+// restoreCommittedState puts the state the record last committed back in
+// place of the attempt's, which could not be encoded (encodeErr: a NaN, a
+// MarshalJSON that fails): a workflow giving up must still undo what its
+// steps did, and its compensations run with the state as committed. It
+// reads the record in the open transaction, if any.
+func (a *attempt[Req, State]) restoreCommittedState(ctx context.Context, encodeErr error) error {
+	rec, err := a.store().Load(ctx, a.key)
+	if err != nil {
+		return fmt.Errorf("encoding the state failed (%w), and reading the committed one to undo with failed: %w", encodeErr, err)
+	}
+	var committed State
+	if len(rec.State) > 0 {
+		if err := json.Unmarshal(rec.State, &committed); err != nil {
+			return fmt.Errorf("encoding the state failed (%w), and decoding the committed one to undo with failed: %w", encodeErr, err)
+		}
+	}
+	a.run.State = committed
+	a.e.logger.WarnContext(ctx, "the state cannot be encoded; undoing with the state as last committed",
+		a.logAttrs("", slog.Any("error", encodeErr))...)
+	return nil
 }
 
-func (e *unreadableStateError) Error() string {
-	return fmt.Sprintf("cannot read the state written by definition %s: %v", cmp.Or(e.definition, "(none recorded)"), e.err)
+// unreadableError reports a stored request or state that the running
+// definition cannot decode: written by another definition (whose upgrader,
+// if any, refused it), or by this one under a type whose JSON changed
+// without changing the definition (a custom UnmarshalJSON, say). Every
+// attempt would read the same JSON and fail, and the compensations must not
+// run with a request or a state never read, so the record is parked for an
+// operator instead, with this as the reason.
+type unreadableError struct {
+	what    string // "request" or "state"
+	writer  string // the fingerprint of the definition that wrote the state
+	version string // the running definition's
+	err     error
 }
 
-func (e *unreadableStateError) Unwrap() error { return e.err }
+func (e *unreadableError) Error() string {
+	if e.what == "request" {
+		return fmt.Sprintf("cannot read its stored request as version %s's request: %v", e.version, e.err)
+	}
+	return fmt.Sprintf("cannot read the state written by definition %s as version %s's state: %v",
+		cmp.Or(e.writer, "(none recorded)"), e.version, e.err)
+}
+
+func (e *unreadableError) Unwrap() error { return e.err }
 
 // park parks the record this attempt claimed: the running definition may
-// not resume it (reason says why). Its lease ends with it, so that no
+// not resume it (reason says why: its definition changed before its
+// recovery point, or its request or state does not decode). Its lease ends with it, so that no
 // process loops on it; a retry gets ErrParked until an operator acts.
 func (a *attempt[Req, State]) park(ctx context.Context, reason string) (*Result, error) {
 	err := seam.StoreOf(a.store()).Park(ctx, a.rec.Fence(), reason)
@@ -348,7 +408,7 @@ func (a *attempt[Req, State]) park(ctx context.Context, reason string) (*Result,
 		return a.failed(ctx, "", fmt.Errorf("park: %w", fenced(err)))
 	}
 	a.claimOpen = false
-	a.e.logger.WarnContext(ctx, "record parked: its definition changed before its recovery point; it waits for an operator",
+	a.e.logger.WarnContext(ctx, "record parked: the running definition may not resume it; it waits for an operator",
 		a.logAttrs("", slog.String("recorded_definition", a.rec.Definition), slog.String("version", a.w.spec().Version),
 			slog.String("recovery_point", a.rec.RecoveryPoint), slog.String("reason", reason))...)
 	a.e.observeParked(a.w.name)

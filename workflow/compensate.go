@@ -48,8 +48,13 @@ func (a *attempt[Req, State]) giveUp(ctx context.Context, step string, rec *reco
 	if a.loaded {
 		var err error
 		if state, err = json.Marshal(a.run.State); err != nil {
-			a.rollback()
-			return a.failTerminally(cleanupCtx, fence, attempts, fmt.Errorf("%w; then encoding the state to undo it failed: %w", cause, err), abort)
+			// The compensations run with the state as last committed,
+			// which Compensate keeps (state nil).
+			if err := a.restoreCommittedState(cleanupCtx, err); err != nil {
+				a.rollback()
+				return a.failTerminally(cleanupCtx, fence, attempts, fmt.Errorf("%w; then %w", cause, err), abort)
+			}
+			state = nil
 		}
 	}
 	if a.tx != nil {

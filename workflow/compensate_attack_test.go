@@ -152,34 +152,37 @@ type unreadableOrder struct {
 	Customer int `json:"customer"`
 }
 
-// unreadableSaga is the saga under a request type its records cannot be
+// panickyOrder is a request type whose decoding panics (a bug in its
+// UnmarshalJSON): an attempt fails before it reads the record, as any
+// failure would, and the next may read it.
+type panickyOrder struct{}
+
+func (*panickyOrder) UnmarshalJSON([]byte) error { panic("a request decoder with a bug") }
+
+// sagaAs is the saga under request type Req, which its records may not be
 // read as; its compensations note that they ran.
-func unreadableSaga(s *saga) *workflow.Workflow[unreadableOrder, Paid] {
+func sagaAs[Req any](s *saga) *workflow.Workflow[Req, Paid] {
 	undo := func(what string) foreign.Option {
-		return foreign.Compensate(func(context.Context, *foreign.Call[unreadableOrder, Paid]) error {
+		return foreign.Compensate(func(context.Context, *foreign.Call[Req, Paid]) error {
 			s.log(what + " with an unread request")
 			return nil
 		})
 	}
-	do := func(context.Context, *foreign.Call[unreadableOrder, Paid]) error { return nil }
+	do := func(context.Context, *foreign.Call[Req, Paid]) error { return nil }
 	return workflow.Define("saga",
 		foreign.Mutation("reserve", do, undo("releases")),
 		foreign.Mutation("charge", do, undo("refunds")),
-		atomicStep2("record"),
+		phase.Atomic("record", func(context.Context, pgx.Tx, *phase.Run[Req, Paid]) error { return nil }),
 		foreign.Mutation("ship", do),
 	)
 }
 
-func atomicStep2(name string) phase.Step[unreadableOrder, Paid] {
-	return phase.Atomic(name, func(context.Context, pgx.Tx, *phase.Run[unreadableOrder, Paid]) error { return nil })
-}
-
 // TestACompensatingRecordItsAttemptsCannotReadEndsFailed: a record is
-// compensating, and the process that resumes it cannot read its request
-// (the release changed the request's shape). Each attempt fails before
-// reaching the compensations; after MaxAttempts the record must end failed,
-// with what is left to undo listed and the failure answer kept, not be
-// taken over again for ever.
+// compensating, and each attempt that resumes it fails before reaching
+// the compensations (its request's decoder panics). After MaxAttempts the
+// record must end failed, with what is left to undo listed and the failure
+// answer kept, not be taken over again for ever. (A request that does not
+// decode parks the record instead: TestARequestItsDefinitionCannotReadParks.)
 func TestACompensatingRecordItsAttemptsCannotReadEndsFailed(t *testing.T) {
 	w := newWorld(t)
 	s := newSaga(w)
@@ -189,7 +192,7 @@ func TestACompensatingRecordItsAttemptsCannotReadEndsFailed(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, w.record(acme).Compensating())
 
-	e := w.engine(workflow.Config{MaxAttempts: 3, Workflows: []workflow.Definition{unreadableSaga(s)}})
+	e := w.engine(workflow.Config{MaxAttempts: 3, Workflows: []workflow.Definition{sagaAs[panickyOrder](s)}})
 	var res *workflow.Result
 	for range 4 {
 		rec := w.record(acme)
@@ -210,11 +213,11 @@ func TestACompensatingRecordItsAttemptsCannotReadEndsFailed(t *testing.T) {
 }
 
 // TestAnAttemptThatCannotReadTheRecordNeitherWipesItsStateNorUndoesBlind:
-// the last attempt MaxAttempts allows cannot read the record's request.
-// The workflow fails for good before its point of no return, so its
-// charge is to be undone; but the state the steps committed (the charge's
-// id) must stay, and the compensations must not run with a request and a
-// state this attempt never read.
+// the last attempt MaxAttempts allows fails reading the record's request
+// (its decoder panics). The workflow fails for good before its point of no
+// return, so its charge is to be undone; but the state the steps committed
+// (the charge's id) must stay, and the compensations must not run with a
+// request and a state this attempt never read.
 func TestAnAttemptThatCannotReadTheRecordNeitherWipesItsStateNorUndoesBlind(t *testing.T) {
 	w := newWorld(t)
 	s := newSaga(w)
@@ -231,9 +234,10 @@ func TestAnAttemptThatCannotReadTheRecordNeitherWipesItsStateNorUndoesBlind(t *t
 	before := w.record(acme)
 	require.NoError(t, crash.Store().ExpireLease(w.ctx, acme))
 
-	e := w.engine(workflow.Config{MaxAttempts: 1, Workflows: []workflow.Definition{unreadableSaga(s)}})
+	e := w.engine(workflow.Config{MaxAttempts: 1, Workflows: []workflow.Definition{sagaAs[panickyOrder](s)}})
 	_, err = e.Resume(w.ctx, acme)
-	require.ErrorContains(t, err, "decode stored request")
+	var panicked *phase.PanicError
+	require.ErrorAs(t, err, &panicked)
 	rec := w.record(acme)
 	require.JSONEq(t, string(before.State), string(rec.State), "status %s, undo %v", rec.Status, rec.Undo)
 	require.True(t, rec.Compensating())

@@ -383,7 +383,9 @@ func (e *Engine) Specs() []Spec {
 
 // definitionFor returns the registered definition that runs rec: the one
 // an operator chose for it (Record.ResumeAs), else the one with the
-// record's fingerprint, else the workflow's current one.
+// record's fingerprint, else the one registered that had that fingerprint
+// under an earlier release of onceflow (Spec.Earlier), if only one had,
+// else the workflow's current one.
 func (e *Engine) definitionFor(rec *recovery.Record) (runnable, bool) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
@@ -391,8 +393,21 @@ func (e *Engine) definitionFor(rec *recovery.Record) (runnable, bool) {
 	if !ok {
 		return nil, false
 	}
-	if d, ok := fam.byFP[cmp.Or(rec.ResumeAs, rec.Definition)]; ok {
+	fp := cmp.Or(rec.ResumeAs, rec.Definition)
+	if d, ok := fam.byFP[fp]; ok {
 		return d, true
+	}
+	var owner runnable
+	for _, d := range fam.byFP {
+		if d.spec().owns(fp) {
+			if owner != nil {
+				return fam.current, true // versions that differ only in their numbers' kinds: the rules decide
+			}
+			owner = d
+		}
+	}
+	if owner != nil {
+		return owner, true
 	}
 	return fam.current, true
 }

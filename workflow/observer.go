@@ -33,7 +33,7 @@ type Observer interface {
 	// LeaseLost reports an attempt that found its key taken over.
 	LeaseLost(workflow string)
 	// Parked reports a record parked because the running definition may
-	// not resume it.
+	// not resume it (or cannot decode its request or state).
 	Parked(workflow string)
 	// StepRetried reports a call that a step retries within its attempt
 	// (foreign.Retry), once per retry.

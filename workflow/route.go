@@ -52,10 +52,10 @@ func (e *Engine) route(ctx context.Context, s *recovery.Store, w runnable, rec *
 		// Claimed before definitions were stored: resume as before, at
 		// the recovery point's name in this definition.
 		return route{point: cur.renamedTo(rec.RecoveryPoint)}, nil
-	case rec.Definition == cur.Fingerprint:
+	case cur.owns(rec.Definition):
 		return route{point: rec.RecoveryPoint}, nil
 	}
-	if d, ok := e.definitionFor(rec); ok && d.spec().Fingerprint == rec.Definition {
+	if d, ok := e.definitionFor(rec); ok && d.spec().owns(rec.Definition) {
 		return route{other: d}, nil
 	}
 	old, err := e.storedSpec(ctx, s, rec.Workflow, rec.Definition)
@@ -85,8 +85,8 @@ func (e *Engine) route(ctx context.Context, s *recovery.Store, w runnable, rec *
 // without comparing definitions. A process that does not register it parks
 // the record again rather than guess.
 func (e *Engine) routeResumeAs(ctx context.Context, s *recovery.Store, w runnable, rec *recovery.Record) (route, error) {
-	if rec.ResumeAs != w.spec().Fingerprint {
-		if d, ok := e.definitionFor(rec); ok && d.spec().Fingerprint == rec.ResumeAs {
+	if !w.spec().owns(rec.ResumeAs) {
+		if d, ok := e.definitionFor(rec); ok && d.spec().owns(rec.ResumeAs) {
 			return route{other: d}, nil
 		}
 		return route{park: fmt.Sprintf("an operator resumed it as definition %s, which this process does not register (running version %s)",
@@ -246,7 +246,7 @@ func (e *Engine) version(workflow, version string) (runnable, error) {
 	var known []string
 	for _, d := range fam.byFP {
 		sp := d.spec()
-		if sp.Version == version || sp.Fingerprint == version {
+		if sp.Version == version || sp.owns(version) {
 			return d, nil
 		}
 		known = append(known, sp.Version)

@@ -52,6 +52,38 @@ type Spec struct {
 	// UpgradesState says the definition reads other definitions' states
 	// through a state upgrader (Workflow.UpgradeState).
 	UpgradesState bool `json:"upgrades_state,omitempty"`
+	// Earlier is what releases of onceflow whose state shape did not tell
+	// one kind of number from another (every integer kind was "integer",
+	// every float "number", a []byte an array of integers) made of this
+	// definition: its fingerprint and state shape then. nil when they are
+	// the ones it has now (a state without numbers). A record stamped with
+	// Earlier.Fingerprint is this definition's own, so the upgrade to a
+	// release that tells numbers apart changes no record's definition.
+	Earlier *Earlier `json:"earlier,omitempty"`
+}
+
+// Earlier is a definition's fingerprint and state shape as releases before
+// Spec.Earlier computed them.
+type Earlier struct {
+	Fingerprint string `json:"fingerprint"`
+	State       string `json:"state_shape"`
+}
+
+// owns reports whether a record stamped with fingerprint fp is this
+// definition's: fp is its fingerprint, or the one an earlier release of
+// onceflow gave it (Earlier).
+func (s Spec) owns(fp string) bool {
+	return fp == s.Fingerprint || (s.Earlier != nil && fp == s.Earlier.Fingerprint)
+}
+
+// sameState reports whether definitions a and b have one state shape,
+// comparing a shape an earlier release computed (Earlier) with the same
+// computation of the other's. Either unknown ("") counts as the same.
+func sameState(a, b Spec) bool {
+	if a.State == "" || b.State == "" || a.State == b.State {
+		return true
+	}
+	return (a.Earlier != nil && a.Earlier.State == b.State) || (b.Earlier != nil && b.Earlier.State == a.State)
 }
 
 // StepInfo describes one step of a definition.
@@ -146,6 +178,10 @@ func (w *Workflow[Req, State]) Spec() Spec {
 	s.Steps = slices.Clone(s.Steps)
 	s.Removed = slices.Clone(s.Removed)
 	s.Renamed = maps.Clone(s.Renamed)
+	if s.Earlier != nil {
+		earlier := *s.Earlier
+		s.Earlier = &earlier
+	}
 	return s
 }
 
@@ -164,6 +200,20 @@ func (w *Workflow[Req, State]) computeSpec() Spec {
 	s := Spec{Workflow: w.name, Steps: w.Steps(), Removed: slices.Clone(w.removed),
 		State: stateShape(reflect.TypeFor[State]()), UpgradesState: w.upgradeState != nil}
 	s.Renamed = maps.Clone(w.renamed)
+	s.Fingerprint = w.fingerprint(s.Steps, s.State)
+	if earlier := earlierStateShape(reflect.TypeFor[State]()); earlier != s.State {
+		s.Earlier = &Earlier{Fingerprint: w.fingerprint(s.Steps, earlier), State: earlier}
+	}
+	s.Version = w.version
+	if s.Version == "" {
+		s.Version = s.Fingerprint[:shortFingerprint]
+	}
+	return s
+}
+
+// fingerprint hashes the definition's name, explicit version, steps and
+// state shape state.
+func (w *Workflow[Req, State]) fingerprint(steps []StepInfo, state string) string {
 	h := sha256.New()
 	write := func(v string) {
 		h.Write(binary.AppendUvarint(nil, uint64(len(v))))
@@ -172,7 +222,7 @@ func (w *Workflow[Req, State]) computeSpec() Spec {
 	write("onceflow.definition.v1")
 	write(w.name)
 	write(w.version)
-	for _, st := range s.Steps {
+	for _, st := range steps {
 		write(st.Name)
 		if st.Key == "" {
 			write(st.Kind.String())
@@ -183,13 +233,8 @@ func (w *Workflow[Req, State]) computeSpec() Spec {
 		write(st.Kind.String() + " keyed")
 		write(st.Key)
 	}
-	write("state " + s.State)
-	s.Fingerprint = hex.EncodeToString(h.Sum(nil)[:fingerprintLength])
-	s.Version = w.version
-	if s.Version == "" {
-		s.Version = s.Fingerprint[:shortFingerprint]
-	}
-	return s
+	write("state " + state)
+	return hex.EncodeToString(h.Sum(nil)[:fingerprintLength])
 }
 
 // keyStep is the name the downstream keys of the step at index i derive
@@ -315,7 +360,7 @@ func Resumable(old Spec, point string, cur Spec) (string, string) {
 	if last < 0 {
 		return "", "" // no state committed yet
 	}
-	if old.State != "" && cur.State != "" && old.State != cur.State && old.UpgradesState && !cur.UpgradesState {
+	if !sameState(old, cur) && old.UpgradesState && !cur.UpgradesState {
 		return "", fmt.Sprintf("version %s changed the state's shape (it declares UpgradeState), and version %s, whose state has another shape and no upgrader, cannot read it",
 			old.Version, cur.Version)
 	}
@@ -383,7 +428,7 @@ func (f Finding) String() string {
 func Diff(prev, cur []Spec) []Finding {
 	var findings []Finding
 	for _, old := range prev {
-		if slices.ContainsFunc(cur, func(s Spec) bool { return s.Workflow == old.Workflow && s.Fingerprint == old.Fingerprint }) {
+		if slices.ContainsFunc(cur, func(s Spec) bool { return s.Workflow == old.Workflow && s.owns(old.Fingerprint) }) {
 			continue
 		}
 		latest, ok := latestSpec(cur, old.Workflow)
