@@ -39,8 +39,12 @@ const DBTimeoutDefault = 5 * time.Second
 // attempts hold at most MaxConns-1 of them at once; the last is left for
 // the statements that keep leases alive (renewals, hand-backs), so that a
 // burst of requests queueing for connections cannot starve an attempt's
-// renewals and cost it its lease. Size the pool for the concurrent
-// attempts you want plus one.
+// renewals and cost it its lease. The places are the pool's, not the
+// engine's: every engine and every idemhttp.Middleware with Config.Atomic
+// given the same *pgxpool.Pool share them, so that together, too, they
+// leave the last connection free. (A type that wraps a pool gets places of
+// its own: pass the pool itself.) Size the pool for the concurrent
+// attempts and Atomic requests you want plus one.
 type DB interface {
 	recovery.DBTX
 	Acquire(ctx context.Context) (*pgxpool.Conn, error)
@@ -266,7 +270,7 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		db:          db,
-		gate:        poolgate.New(db),
+		gate:        poolgate.For(db),
 		store:       store,
 		lease:       store.Lease(),
 		dbTimeout:   cfg.DBTimeout,

@@ -71,7 +71,7 @@ var mutants = []Mutant{
 		Name:   "atomic-gate-missing",
 		Breaks: "Atomic requests may hold every connection of the pool, so handlers that each take a second one deadlock",
 		Edits: []Edit{{File: "idemhttp/middleware.go",
-			Old: "\t\tm.gate = poolgate.New(db)\n", New: "\t\tm.gate = nil\n"}},
+			Old: "\t\tm.gate = poolgate.For(db)\n", New: "\t\tm.gate = nil\n"}},
 		Pkg: "./idemhttp", Run: "^TestAtomicHandlersTakingASecondConnection$",
 	},
 	{
@@ -123,6 +123,22 @@ var mutants = []Mutant{
 		Edits: []Edit{{File: "internal/poolgate/poolgate.go",
 			Old: "return make(Gate, n-1)", New: "return make(Gate, n)"}},
 		Pkg: "./workflow", Run: "^(TestAttemptsLeaveAConnectionForRenewals|TestLeaseKeptWhileWaitingForAConnection)$",
+	},
+	{
+		Name:   "gate-per-component",
+		Breaks: "an engine and an Atomic middleware on one pool each build a gate of their own, so together they hold 2N-2 of its N connections: a renewal, or a holder's second connection, waits behind them",
+		Edits: []Edit{
+			{File: "workflow/engine.go", Old: "gate:        poolgate.For(db),", New: "gate:        poolgate.New(db),"},
+			{File: "idemhttp/middleware.go", Old: "\t\tm.gate = poolgate.For(db)\n", New: "\t\tm.gate = poolgate.New(db)\n"},
+		},
+		Pkg: "./idemhttp", Run: "^TestEngineAndAtomicRequestsShareOnePool$",
+	},
+	{
+		Name:   "pool-gate-kept",
+		Breaks: "the gate of a pool nothing references any more is kept for ever, so a process that makes pools over and over grows without bound",
+		Edits: []Edit{{File: "internal/poolgate/poolgate.go",
+			Old: "\t\truntime.AddCleanup(pool, func(key weak.Pointer[pgxpool.Pool]) { gates.Delete(key) }, key)\n", New: "\t\t_ = runtime.AddCleanup[int, int]\n"}},
+		Pkg: "./internal/poolgate", Run: "^TestForForgetsAPoolNoOneHolds$",
 	},
 	{
 		Name:   "replay-not-verbatim",
