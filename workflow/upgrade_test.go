@@ -332,6 +332,56 @@ func TestUpgradeRenamedForeignStepKeepsItsKey(t *testing.T) {
 	require.Empty(t, vs.since(ran))
 }
 
+// TestUpgradeRenamedStepKeepsItsSubKeysAndCompensationKey: a step
+// declared Renamed derives every downstream key from its first name, not
+// only its own: the keys it derives for each of several calls
+// (foreign.Call.KeyFor) and its compensation's key are the same before and
+// after the rename, so that a per-item call made before the deploy is
+// deduplicated after it, and the refund of a charge made before it is sent
+// once, under the key it was always going to have, naming the charge's key.
+func TestUpgradeRenamedStepKeepsItsSubKeysAndCompensationKey(t *testing.T) {
+	w := newWorld(t)
+	var (
+		mu                 sync.Mutex
+		items, undo, undid []string // KeyFor keys of the calls; the compensation's key, and the key it undoes
+	)
+	define := func(version, charge string, abort bool) *workflow.Workflow[Order, trail] {
+		return workflow.Define("order",
+			phase.Atomic("create_order", func(context.Context, pgx.Tx, *phase.Run[Order, trail]) error { return nil }),
+			foreign.Mutation(charge, func(_ context.Context, c *foreign.Call[Order, trail]) error {
+				mu.Lock()
+				defer mu.Unlock()
+				items = append(items, c.KeyFor("item", "1"), c.KeyFor("item", "2"))
+				return nil
+			}, foreign.Compensate(func(_ context.Context, c *foreign.Call[Order, trail]) error {
+				mu.Lock()
+				defer mu.Unlock()
+				undo, undid = append(undo, c.Key), append(undid, c.Compensates)
+				return nil
+			})),
+			phase.Atomic("record_charge", func(context.Context, pgx.Tx, *phase.Run[Order, trail]) error {
+				if abort {
+					return workflow.Abort(workflow.Problem(409, "the ledger refuses the charge"))
+				}
+				return nil
+			}),
+		).Version(version)
+	}
+	crashUnder(w, define("v1", "charge", false), acme, workflow.CrashPoint{Kind: workflow.AfterForeignCall, Step: "charge"})
+	id := w.record(acme).ID
+	before := []string{foreign.DeriveKey(acme, id, "charge", "item", "1"), foreign.DeriveKey(acme, id, "charge", "item", "2")}
+	require.Equal(t, before, items, "v1's calls, one key per item")
+
+	v2 := define("v2", "charge_card", true).Changes(workflow.Renamed("charge", "charge_card"))
+	res, err := w.engine(workflow.Config{Workflows: []workflow.Definition{v2}}).Resume(w.ctx, acme)
+	require.NoError(t, err)
+	require.True(t, res.Compensated, "record_charge aborted: the charge is undone")
+	require.Equal(t, append(before, before...), items, "v2 repeats each item's call with v1's key")
+	require.Equal(t, []string{foreign.DeriveKey(acme, id, "charge", "compensate")}, undo,
+		"the refund's key derives from the step's first name")
+	require.Equal(t, []string{foreign.DeriveKey(acme, id, "charge")}, undid, "the refund names the key the charge was made with")
+}
+
 // TestUpgradeRemovedStep: a step Removed after the recovery point is
 // skipped when it cannot have started (an atomic one), and parks the record
 // when it may have (the foreign step right after the recovery point).

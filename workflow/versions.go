@@ -78,7 +78,8 @@ type Change struct {
 // record whose recovery point is at or after from resumes at to, and to
 // keeps deriving its downstream keys from from (phase.Run.KeyStep), so that
 // a call that may have been made under the old name is made again with the
-// same key. The declaration is part of the definition's fingerprint: records
+// same key: its own key, the keys foreign.Call.KeyFor derives, and its
+// compensation's key and the key that compensation undoes. The declaration is part of the definition's fingerprint: records
 // made since the rename derive their keys from from too, so a definition
 // that drops it parks those that may have started the call. After a second
 // rename, declare the chain (Renamed("a", "b"), Renamed("b", "c")); two

@@ -562,6 +562,20 @@ var mutants = []Mutant{
 		Pkg: "./workflow", Run: "^TestUpgradeRenamedForeignStepKeepsItsKey$",
 	},
 	{
+		Name:   "renamed-subkeys-from-new-name",
+		Breaks: "a step declared Renamed derives its further keys (foreign.Call.KeyFor) and its compensation's key from its new name, so a per-item call or a refund made before the deploy is made again under another key",
+		Edits: []Edit{{File: "foreign/mutation.go",
+			Old: "return DeriveKey(c.Run.Key, keyRecord(c.Run), keyStep(c.Run), parts...)", New: "return DeriveKey(c.Run.Key, keyRecord(c.Run), c.Run.Step, parts...)"}},
+		Pkg: "./workflow", Run: "^TestUpgradeRenamedStepKeepsItsSubKeysAndCompensationKey$",
+	},
+	{
+		Name:   "renamed-undo-keys-from-new-name",
+		Breaks: "the compensation of a step declared Renamed derives its key, and the key of the call it undoes, from the step's new name, so it refunds a charge that was never made and sends its refund under another key",
+		Edits: []Edit{{File: "workflow/compensate.go",
+			Old: "a.run.KeyStep = a.w.keyStep(i)", New: "a.run.KeyStep = a.w.steps[i].Name()"}},
+		Pkg: "./workflow", Run: "^TestUpgradeRenamedStepKeepsItsSubKeysAndCompensationKey$",
+	},
+	{
 		Name:   "versions-not-handed-over",
 		Breaks: "a record whose definition is registered with Versions is run by the definition that met it, not handed to its own",
 		Edits: []Edit{{File: "workflow/route.go",
