@@ -94,6 +94,12 @@ type Config struct {
 	// that hangs (a locked table, a host dropping packets, a full pool)
 	// gives a prompt error instead of a hung request. Set the pool's
 	// connect_timeout too. 0 means DBTimeoutDefault.
+	//
+	// Storing a definition is not bounded by it: the engine stores each
+	// registered definition once, in the background (see
+	// Engine.SaveDefinitions), and a run that comes before its
+	// definition is stored waits for that, bounded by its own context,
+	// then claims within DBTimeout.
 	DBTimeout time.Duration
 
 	// ResponseHeaders lists the response headers stored and replayed. nil
@@ -211,8 +217,8 @@ type Engine struct {
 
 	mu        sync.RWMutex
 	workflows map[string]*family
-	specs     map[string]*Spec // stored definitions read, by workflow and fingerprint
-	saved     map[string]bool  // definitions this engine stored, by fingerprint
+	specs     map[string]*Spec           // stored definitions read, by workflow and fingerprint
+	saves     map[string]*definitionSave // saves of registered definitions, by fingerprint (definitions.go)
 }
 
 // family is every registered version of one workflow.
@@ -250,7 +256,9 @@ type Result struct {
 	CompletedAt time.Time
 }
 
-// NewEngine returns an engine that stores key records in db.
+// NewEngine returns an engine that stores key records in db. It makes no
+// round trip: it starts storing the definitions of cfg.Workflows in the
+// background (see Engine.SaveDefinitions, which waits for that).
 //
 // Migrate db first, with `onceflow migrate up` or migrations.Migrator.Up,
 // using the schema of cfg.Schema, and check it at start-up with
@@ -282,7 +290,7 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 		tracer:      cfg.TracerProvider.Tracer(tracing.ScopeName),
 		workflows:   map[string]*family{},
 		specs:       map[string]*Spec{},
-		saved:       map[string]bool{},
+		saves:       map[string]*definitionSave{},
 	}
 	if cfg.Hooks != nil {
 		e.hooks = *cfg.Hooks
@@ -300,7 +308,8 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 
 // Register makes workflows resumable by this engine: Resume looks a record's
 // workflow up by name, and its definition by the fingerprint the record
-// stores. Workflow.Run registers the workflow it runs. Two different
+// stores. It starts storing each new definition in the background (see
+// SaveDefinitions). Workflow.Run registers the workflow it runs. Two different
 // definitions under one name are an error unless registered together with
 // Versions: declare each workflow once, as a package-level value, rather
 // than per call.
@@ -332,6 +341,7 @@ func (e *Engine) Register(defs ...Definition) error {
 		}
 		for _, m := range members {
 			fam.byFP[m.spec().Fingerprint] = m
+			e.saveLocked(m) // in the background, off any run's clock
 		}
 		if len(members) > 1 || fam.current == nil {
 			fam.current = members[len(members)-1]

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/recovery"
 )
 
@@ -145,58 +144,6 @@ func (e *Engine) storedSpec(ctx context.Context, s *recovery.Store, workflow, fi
 	e.specs[cacheKey] = sp
 	e.mu.Unlock()
 	return sp, nil
-}
-
-// ensureSaved stores w's definition, once per engine, before w claims or
-// takes over a key: a process running another definition reads it to
-// decide whether it may resume the records w wrote or restamped.
-func (e *Engine) ensureSaved(ctx context.Context, w runnable) error {
-	sp := w.spec()
-	e.mu.RLock()
-	done := e.saved[sp.Fingerprint]
-	e.mu.RUnlock()
-	if done {
-		return nil
-	}
-	body, err := json.Marshal(sp)
-	if err != nil {
-		return fmt.Errorf("encode definition of %s: %w", sp.Workflow, err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, e.dbTimeout)
-	defer cancel()
-	err = seam.StoreOf(e.store).SaveDefinition(ctx, recovery.StoredDefinition{
-		Workflow: sp.Workflow, Fingerprint: sp.Fingerprint, Version: sp.Version, Spec: body})
-	if err != nil {
-		if ctx.Err() != nil && !errors.Is(err, ErrNotMigrated) {
-			err = fmt.Errorf("%w: store definition of %s: %w", ErrUnavailable, sp.Workflow, err)
-		}
-		return err
-	}
-	e.mu.Lock()
-	e.saved[sp.Fingerprint] = true
-	e.mu.Unlock()
-	return nil
-}
-
-// SaveDefinitions stores every registered definition that is not stored
-// yet. Run and Resume store a definition before it first claims or takes
-// over a key with it; call SaveDefinitions at start-up to do it then, and
-// to learn at once that the database is unreachable or not migrated.
-func (e *Engine) SaveDefinitions(ctx context.Context) error {
-	e.mu.RLock()
-	var defs []runnable
-	for _, fam := range e.workflows {
-		for _, d := range fam.byFP {
-			defs = append(defs, d)
-		}
-	}
-	e.mu.RUnlock()
-	for _, d := range defs {
-		if err := e.ensureSaved(ctx, d); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // ResumeAs resolves a parked record: it runs the record under the

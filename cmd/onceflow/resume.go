@@ -112,7 +112,7 @@ func storedVersion(ctx context.Context, store *recovery.Store, wf, version strin
 			known[i] = d.Version
 		}
 		return recovery.StoredDefinition{}, workflow.Spec{}, fmt.Errorf(
-			"workflow %s has no stored version %q (stored: %s); a version is stored when a process first runs it, or calls Engine.SaveDefinitions",
+			"workflow %s has no stored version %q (stored: %s); a version is stored when a process registers it (builds its engine with it, or first runs it)",
 			wf, version, cmp.Or(strings.Join(known, ", "), "none"))
 	case 1:
 	default:

@@ -46,7 +46,7 @@ by (or are to be resumed as), oldest first, as a JSON array: the previous releas
 side of workflows diff. A definition with nothing left in flight is left out, so that
 a version dropped after its records finished fails no later deploy. With --all, it
 writes every definition the database stores (a process stores its definitions when
-it first runs them).`,
+it registers them: when its engine is built, or a workflow first runs).`,
 		Example: `  onceflow workflows export > prev.json
   onceflow workflows diff <(onceflow workflows export) <(yourservice workflows export)`,
 		Args: args(cobra.NoArgs),

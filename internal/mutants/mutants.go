@@ -125,6 +125,28 @@ var mutants = []Mutant{
 		Pkg: "./workflow", Run: "^(TestAttemptsLeaveAConnectionForRenewals|TestLeaseKeptWhileWaitingForAConnection)$",
 	},
 	{
+		Name:   "definition-save-on-the-run-clock",
+		Breaks: "a run waits for its definition to be stored only within its DBTimeout, so the first runs of a process on a loaded server fail with ErrUnavailable although nothing is wrong",
+		Edits: []Edit{{File: "workflow/definitions.go",
+			Old: "func (e *Engine) ensureSaved(ctx context.Context, w runnable) error {\n",
+			New: "func (e *Engine) ensureSaved(ctx context.Context, w runnable) error {\n\tctx, cancel := context.WithTimeout(ctx, e.dbTimeout)\n\tdefer cancel()\n"}},
+		Pkg: "./workflow", Run: "^TestSlowDefinitionSaveDoesNotFailARun$",
+	},
+	{
+		Name:   "definitions-saved-by-the-first-run",
+		Breaks: "registering a definition (NewEngine, Register) does not start storing it: the first run pays for the save",
+		Edits: []Edit{{File: "workflow/engine.go",
+			Old: "\t\t\te.saveLocked(m) // in the background, off any run's clock\n", New: ""}},
+		Pkg: "./workflow", Run: "^TestEngineStoresItsDefinitionsWhenBuilt$",
+	},
+	{
+		Name:   "definition-save-not-retried",
+		Breaks: "a save of a definition that fails once is not tried again: a run waiting for it fails at a passing error",
+		Edits: []Edit{{File: "workflow/definitions.go",
+			Old: "if try == saveTries || errors.Is(err, ErrNotMigrated) {", New: "if try >= 1 || errors.Is(err, ErrNotMigrated) {"}},
+		Pkg: "./workflow", Run: "^TestDefinitionSaveIsTriedAgain$",
+	},
+	{
 		Name:   "gate-per-component",
 		Breaks: "an engine and an Atomic middleware on one pool each build a gate of their own, so together they hold 2N-2 of its N connections: a renewal, or a holder's second connection, waits behind them",
 		Edits: []Edit{
