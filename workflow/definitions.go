@@ -40,16 +40,6 @@ type definitionSave struct {
 	err  error         // why it failed, once done; nil when stored
 }
 
-// stored reports whether the save ended, and stored the definition.
-func (s *definitionSave) stored() bool {
-	select {
-	case <-s.done:
-		return s.err == nil
-	default:
-		return false
-	}
-}
-
 // failed reports whether the save ended without storing the definition.
 func (s *definitionSave) failed() bool {
 	select {

@@ -35,8 +35,9 @@ func TestForSharesAPoolsGate(t *testing.T) {
 	a, b := newPool(t, 4), newPool(t, 4)
 	defer a.Close()
 	defer b.Close()
-	require.Equal(t, 3, cap(For(a)))
-	require.True(t, For(a) == For(a), "one gate per pool")
+	gate := For(a)
+	require.Equal(t, 3, cap(gate))
+	require.True(t, gate == For(a), "one gate per pool")
 	require.False(t, For(a) == For(b), "a gate per pool")
 	wrapped := struct{ *pgxpool.Pool }{a}
 	require.Equal(t, 3, cap(For(wrapped)))
