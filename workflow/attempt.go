@@ -299,7 +299,7 @@ func (a *attempt[Req, State]) loadState(ctx context.Context, rec *recovery.Recor
 			return fmt.Errorf("decode stored state: %w", err)
 		}
 	}
-	if !r.upgrade && rec.Definition != "" && rec.ResumeAs == "" {
+	if !r.upgrade && !r.restamp && rec.Definition != "" && rec.ResumeAs == "" {
 		return nil
 	}
 	var state []byte

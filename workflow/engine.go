@@ -225,6 +225,20 @@ type Engine struct {
 type family struct {
 	current runnable
 	byFP    map[string]runnable
+	// legacy finds a version by the fingerprint builds from before
+	// definitions recorded what they undo gave it (Spec.LegacyFingerprint):
+	// the one registered last, when several share it.
+	legacy map[string]runnable
+}
+
+// lookup returns the version fingerprint names: its fingerprint, or its
+// legacy one.
+func (f *family) lookup(fingerprint string) (runnable, bool) {
+	if d, ok := f.byFP[fingerprint]; ok {
+		return d, true
+	}
+	d, ok := f.legacy[fingerprint]
+	return d, ok
 }
 
 // Result is what a run answered.
@@ -320,7 +334,7 @@ func (e *Engine) Register(defs ...Definition) error {
 		members := d.versions()
 		fam := e.workflows[d.Name()]
 		if fam == nil {
-			fam = &family{byFP: map[string]runnable{}}
+			fam = &family{byFP: map[string]runnable{}, legacy: map[string]runnable{}}
 		}
 		for i, m := range members {
 			sp := m.spec()
@@ -341,6 +355,7 @@ func (e *Engine) Register(defs ...Definition) error {
 		}
 		for _, m := range members {
 			fam.byFP[m.spec().Fingerprint] = m
+			fam.legacy[m.spec().LegacyFingerprint] = m
 			e.saveLocked(m) // in the background, off any run's clock
 		}
 		if len(members) > 1 || fam.current == nil {
@@ -390,7 +405,8 @@ func (e *Engine) Specs() []Spec {
 
 // definitionFor returns the registered definition that runs rec: the one
 // an operator chose for it (Record.ResumeAs), else the one with the
-// record's fingerprint, else the workflow's current one.
+// record's fingerprint (or legacy fingerprint), else the workflow's
+// current one.
 func (e *Engine) definitionFor(rec *recovery.Record) (runnable, bool) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
@@ -398,7 +414,7 @@ func (e *Engine) definitionFor(rec *recovery.Record) (runnable, bool) {
 	if !ok {
 		return nil, false
 	}
-	if d, ok := fam.byFP[cmp.Or(rec.ResumeAs, rec.Definition)]; ok {
+	if d, ok := fam.lookup(cmp.Or(rec.ResumeAs, rec.Definition)); ok {
 		return d, true
 	}
 	return fam.current, true

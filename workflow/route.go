@@ -32,6 +32,9 @@ type route struct {
 	upgrade bool
 	from    *Spec
 	point   string
+	// restamp: the record is this definition's under its legacy
+	// fingerprint; stamp it with the fingerprint.
+	restamp bool
 	// park: why this definition may not run the record ("" when it may).
 	park string
 }
@@ -53,8 +56,14 @@ func (e *Engine) route(ctx context.Context, s *recovery.Store, w runnable, rec *
 		return route{point: cur.renamedTo(rec.RecoveryPoint)}, nil
 	case rec.Definition == cur.Fingerprint:
 		return route{point: rec.RecoveryPoint}, nil
+	case rec.Definition == cur.LegacyFingerprint:
+		// Stamped by a build from before definitions recorded what they
+		// undo, with this definition as far as it could tell: what that
+		// build would have undone is unknown, and taken as this one's.
+		// Restamped, the record is compared with this one's from now on.
+		return route{point: rec.RecoveryPoint, restamp: true}, nil
 	}
-	if d, ok := e.definitionFor(rec); ok && d.spec().Fingerprint == rec.Definition {
+	if d, ok := e.definitionFor(rec); ok && d.spec().is(rec.Definition) {
 		return route{other: d}, nil
 	}
 	old, err := e.storedSpec(ctx, s, rec.Workflow, rec.Definition)
@@ -84,14 +93,14 @@ func (e *Engine) route(ctx context.Context, s *recovery.Store, w runnable, rec *
 // without comparing definitions. A process that does not register it parks
 // the record again rather than guess.
 func (e *Engine) routeResumeAs(ctx context.Context, s *recovery.Store, w runnable, rec *recovery.Record) (route, error) {
-	if rec.ResumeAs != w.spec().Fingerprint {
-		if d, ok := e.definitionFor(rec); ok && d.spec().Fingerprint == rec.ResumeAs {
+	if !w.spec().is(rec.ResumeAs) {
+		if d, ok := e.definitionFor(rec); ok && d.spec().is(rec.ResumeAs) {
 			return route{other: d}, nil
 		}
 		return route{park: fmt.Sprintf("an operator resumed it as definition %s, which this process does not register (running version %s)",
 			rec.ResumeAs, w.spec().Version)}, nil
 	}
-	r := route{point: w.spec().renamedTo(rec.RecoveryPoint), upgrade: rec.Definition != rec.ResumeAs}
+	r := route{point: w.spec().renamedTo(rec.RecoveryPoint), upgrade: !w.spec().is(rec.Definition)}
 	if r.upgrade && rec.Definition != "" {
 		// Only to name the version that wrote the record: the operator
 		// vouched for the rest, so an unreadable one does not matter.

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/onceflow/onceflow/phase"
@@ -36,9 +37,15 @@ type Spec struct {
 	Version string `json:"version"`
 	// Fingerprint identifies the definition: a hash of its name, its
 	// explicit version, its steps' names and kinds in order (and a renamed
-	// step's first name), and its state's JSON shape.
-	Fingerprint string     `json:"fingerprint"`
-	Steps       []StepInfo `json:"steps"`
+	// step's first name), its state's JSON shape, and what it undoes
+	// (Compensation).
+	Fingerprint string `json:"fingerprint"`
+	// LegacyFingerprint is the fingerprint builds from before definitions
+	// recorded what they undo gave this one: the hash of the same, but
+	// Compensation. A record stamped with it, or a definition exported with
+	// it, is taken for this definition: what it undid is not known.
+	LegacyFingerprint string     `json:"legacy_fingerprint,omitempty"`
+	Steps             []StepInfo `json:"steps"`
 	// Renamed maps a step's earlier name to its name in this definition
 	// (Workflow.Changes with Renamed).
 	Renamed map[string]string `json:"renamed,omitempty"`
@@ -52,6 +59,27 @@ type Spec struct {
 	// UpgradesState says the definition reads other definitions' states
 	// through a state upgrader (Workflow.UpgradeState).
 	UpgradesState bool `json:"upgrades_state,omitempty"`
+	// Compensation is what the definition undoes when a record fails for
+	// good. nil in a definition stored or exported by a build from before
+	// it was recorded: unknown, and then not compared (Resumable).
+	Compensation *Compensation `json:"compensation,omitempty"`
+}
+
+// Compensation is what a definition undoes when a record fails for good:
+// before its point of no return, the compensations of the started steps
+// that have one (foreign.Compensate).
+type Compensation struct {
+	// Steps lists the steps with a compensation, in order.
+	Steps []string `json:"steps,omitempty"`
+	// NoReturnAfter is the step after which nothing is undone
+	// (Workflow.PointOfNoReturn); "" when every step may be.
+	NoReturnAfter string `json:"no_return_after,omitempty"`
+}
+
+// is reports whether fingerprint names the definition: its fingerprint, or
+// the one builds from before Compensation gave it.
+func (s Spec) is(fingerprint string) bool {
+	return fingerprint != "" && (fingerprint == s.Fingerprint || fingerprint == s.LegacyFingerprint)
 }
 
 // StepInfo describes one step of a definition.
@@ -147,6 +175,11 @@ func (w *Workflow[Req, State]) Spec() Spec {
 	s.Steps = slices.Clone(s.Steps)
 	s.Removed = slices.Clone(s.Removed)
 	s.Renamed = maps.Clone(s.Renamed)
+	if s.Compensation != nil {
+		c := *s.Compensation
+		c.Steps = slices.Clone(c.Steps)
+		s.Compensation = &c
+	}
 	return s
 }
 
@@ -163,16 +196,36 @@ func (w *Workflow[Req, State]) spec() Spec {
 
 func (w *Workflow[Req, State]) computeSpec() Spec {
 	s := Spec{Workflow: w.name, Steps: w.Steps(), Removed: slices.Clone(w.removed),
-		State: stateShape(reflect.TypeFor[State]()), UpgradesState: w.upgradeState != nil}
+		State: stateShape(reflect.TypeFor[State]()), UpgradesState: w.upgradeState != nil,
+		Compensation: &Compensation{Steps: w.compensable()}}
+	if w.noReturn >= 0 {
+		s.Compensation.NoReturnAfter = w.steps[w.noReturn].Name()
+	}
 	s.Renamed = maps.Clone(w.renamed)
+	s.Fingerprint, s.LegacyFingerprint = s.hash(w.version, true), s.hash(w.version, false)
+	s.Version = w.version
+	if s.Version == "" {
+		s.Version = s.Fingerprint[:shortFingerprint]
+	}
+	return s
+}
+
+// hash returns the fingerprint of s, whose explicit version is version:
+// with what it undoes (s.Compensation) when undo is set, or as builds from
+// before that was recorded made it.
+func (s Spec) hash(version string, undo bool) string {
 	h := sha256.New()
 	write := func(v string) {
 		h.Write(binary.AppendUvarint(nil, uint64(len(v))))
 		h.Write([]byte(v))
 	}
-	write("onceflow.definition.v1")
-	write(w.name)
-	write(w.version)
+	label := "onceflow.definition.v1" // what builds before Compensation hashed
+	if undo {
+		label = "onceflow.definition.v2"
+	}
+	write(label)
+	write(s.Workflow)
+	write(version)
 	for _, st := range s.Steps {
 		write(st.Name)
 		if st.Key == "" {
@@ -185,12 +238,14 @@ func (w *Workflow[Req, State]) computeSpec() Spec {
 		write(st.Key)
 	}
 	write("state " + s.State)
-	s.Fingerprint = hex.EncodeToString(h.Sum(nil)[:fingerprintLength])
-	s.Version = w.version
-	if s.Version == "" {
-		s.Version = s.Fingerprint[:shortFingerprint]
+	if undo {
+		write("compensated " + strconv.Itoa(len(s.Compensation.Steps)))
+		for _, step := range s.Compensation.Steps {
+			write(step)
+		}
+		write("no return after " + s.Compensation.NoReturnAfter)
 	}
-	return s
+	return hex.EncodeToString(h.Sum(nil)[:fingerprintLength])
 }
 
 // keyStep is the name the downstream keys of the step at index i derive
@@ -276,6 +331,15 @@ func (s Spec) renamedTo(name string) string {
 //     keys from the same name in both;
 //   - whatever follows them may differ: steps added, removed or changed
 //     after them run as cur says;
+//   - what a terminal failure could undo of them must not change: a step
+//     with a compensation, unless the record is past the point of no
+//     return (its step committed). So a point of no return moved past a
+//     record that had passed it, or before one that had not, parks it if
+//     it may have done a step with a compensation, and so does a
+//     compensation added to or dropped from a step it may have done,
+//     unless it is past both points of no return. A definition stored by a
+//     build from before this was recorded (Compensation nil) is not
+//     compared so;
 //   - a committed state whose writer changed the state's shape (it
 //     declares UpgradeState) is read only by a definition of the same
 //     shape or with an upgrader of its own: an older release meeting a
@@ -313,6 +377,9 @@ func Resumable(old Spec, point string, cur Spec) (string, string) {
 				st.Name, state, st.keyName(), old.Version, cur.Version, got.keyName())
 		}
 	}
+	if why := undoChanged(old, done, touched, cur); why != "" {
+		return "", why
+	}
 	if last < 0 {
 		return "", "" // no state committed yet
 	}
@@ -321,6 +388,62 @@ func Resumable(old Spec, point string, cur Spec) (string, string) {
 			old.Version, cur.Version)
 	}
 	return cur.Steps[last].Name, ""
+}
+
+// undoChanged reports how cur would undo differently than old what a
+// record that committed old's first done steps, and may have run its first
+// touched, did: "" when a terminal failure could undo the same of those
+// steps under both, those with a compensation unless the record is past
+// the point of no return. Their first touched steps are one (Resumable
+// checked it). A definition whose Compensation is unknown (stored by an
+// older build) is taken as unchanged.
+func undoChanged(old Spec, done, touched int, cur Spec) string {
+	if old.Compensation == nil || cur.Compensation == nil {
+		return ""
+	}
+	oldPast, curPast := old.pastNoReturn(done), cur.pastNoReturn(done)
+	for i, st := range old.Steps[:touched] {
+		had := slices.Contains(old.Compensation.Steps, st.Name)
+		has := slices.Contains(cur.Compensation.Steps, cur.Steps[i].Name)
+		oldUndoes, curUndoes := had && !oldPast, has && !curPast
+		if oldUndoes == curUndoes {
+			continue
+		}
+		state := "completed"
+		if i >= done {
+			state = "may have started"
+		}
+		switch {
+		case oldUndoes && curPast:
+			return fmt.Sprintf("version %s would undo step %s, which %s, but the record is past the point of no return of version %s (%s)",
+				old.Version, st.Name, state, cur.Version, cur.noReturn())
+		case oldUndoes:
+			return fmt.Sprintf("step %s, which %s, has a compensation in version %s and none in version %s, which could not undo it",
+				st.Name, state, old.Version, cur.Version)
+		case oldPast:
+			return fmt.Sprintf("the record is past the point of no return of version %s (%s), so nothing it did may be undone, but version %s would undo step %s (%s)",
+				old.Version, old.noReturn(), cur.Version, st.Name, cur.noReturn())
+		default:
+			return fmt.Sprintf("step %s, which %s, has no compensation in version %s, which would never undo it, and one in version %s",
+				st.Name, state, old.Version, cur.Version)
+		}
+	}
+	return ""
+}
+
+// pastNoReturn reports whether a record that committed s's first done
+// steps is past s's point of no return: a terminal failure undoes nothing.
+func (s Spec) pastNoReturn(done int) bool {
+	i := s.index(s.Compensation.NoReturnAfter)
+	return s.Compensation.NoReturnAfter != "" && i >= 0 && i < done
+}
+
+// noReturn describes s's point of no return.
+func (s Spec) noReturn() string {
+	if s.Compensation.NoReturnAfter == "" {
+		return "it declares no point of no return"
+	}
+	return "its point of no return is after " + s.Compensation.NoReturnAfter
 }
 
 // mayHaveRun returns how many of s's steps a record that committed the
@@ -379,12 +502,15 @@ func (f Finding) String() string {
 // workflows export` writes them) and cur (this release's), every recovery
 // point at which an in-flight record of prev would be parked under cur: an
 // empty result means the deploy parks nothing. A definition of prev that
-// cur still registers (see Versions) finishes its own records. Run it in
+// cur still registers (see Versions) finishes its own records; one
+// exported by a build from before definitions recorded what they undo
+// (Spec.Compensation nil) is taken for the definition of cur whose legacy
+// fingerprint it has, and what it undoes is not compared. Run it in
 // CI so that an unsafe change fails there, not in production.
 func Diff(prev, cur []Spec) []Finding {
 	var findings []Finding
 	for _, old := range prev {
-		if slices.ContainsFunc(cur, func(s Spec) bool { return s.Workflow == old.Workflow && s.Fingerprint == old.Fingerprint }) {
+		if slices.ContainsFunc(cur, func(s Spec) bool { return s.Workflow == old.Workflow && s.is(old.Fingerprint) }) {
 			continue
 		}
 		latest, ok := latestSpec(cur, old.Workflow)
