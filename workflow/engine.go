@@ -98,8 +98,11 @@ type Config struct {
 	// Storing a definition is not bounded by it: the engine stores each
 	// registered definition once, in the background (see
 	// Engine.SaveDefinitions), and a run that comes before its
-	// definition is stored waits for that, bounded by its own context,
-	// then claims within DBTimeout.
+	// definition is stored waits for that, bounded by its own context
+	// (and by the save's tries, each bounded by 30s), then claims within
+	// DBTimeout. Call Engine.SaveDefinitions at start-up, before serving,
+	// so that no request waits for it, and a database that does not
+	// answer is found then.
 	DBTimeout time.Duration
 
 	// ResponseHeaders lists the response headers stored and replayed. nil
