@@ -275,7 +275,9 @@ type Result struct {
 
 // NewEngine returns an engine that stores key records in db. It makes no
 // round trip: it starts storing the definitions of cfg.Workflows in the
-// background (see Engine.SaveDefinitions, which waits for that).
+// background (see Engine.SaveDefinitions, which waits for that). With a
+// nil db, the engine only lists its definitions (Specs), for a deploy
+// check.
 //
 // Migrate db first, with `onceflow migrate up` or migrations.Migrator.Up,
 // using the schema of cfg.Schema, and check it at start-up with
@@ -359,7 +361,9 @@ func (e *Engine) Register(defs ...Definition) error {
 		for _, m := range members {
 			fam.byFP[m.spec().Fingerprint] = m
 			fam.legacy[m.spec().LegacyFingerprint] = m
-			e.saveLocked(m) // in the background, off any run's clock
+			if e.db != nil { // an engine without a database only lists its definitions (Specs)
+				e.saveLocked(m) // in the background, off any run's clock
+			}
 		}
 		if len(members) > 1 || fam.current == nil {
 			fam.current = members[len(members)-1]
