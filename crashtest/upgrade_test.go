@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/crashtest"
 	"github.com/onceflow/onceflow/foreign"
+	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/internal/testapp"
 	"github.com/onceflow/onceflow/phase"
 	"github.com/onceflow/onceflow/workflow"
@@ -98,10 +99,17 @@ func (uc upgradeCase) run(t *testing.T) {
 		Request: Order{SKU: "sku-1", Amount: 1999},
 	})
 	require.NoError(t, report.Err())
+	requireParksAt(t, report, uc.forwardParks, uc.reverseParks)
+}
+
+// requireParksAt checks that each direction of report parked at exactly
+// the crash points given, and resumed at every other.
+func requireParksAt(t *testing.T, report *crashtest.UpgradeReport, forwardParks, reverseParks []string) {
+	t.Helper()
 	for _, dir := range []struct {
 		report *crashtest.Report
 		parks  []string
-	}{{report.Forward, uc.forwardParks}, {report.Reverse, uc.reverseParks}} {
+	}{{report.Forward, forwardParks}, {report.Reverse, reverseParks}} {
 		version := dir.report.Definition.Version
 		require.Equal(t, dir.parks, pointNames(dir.report.Parked()), "%s stopped: parked", version)
 		resumes := slices.DeleteFunc(pointNames(dir.report.Points), func(p string) bool { return slices.Contains(dir.parks, p) })
@@ -217,5 +225,105 @@ func TestUpgradeNeedsTwoDefinitions(t *testing.T) {
 			Request: Order{SKU: "sku-1", Amount: 1999},
 		})
 		require.ErrorContains(t, err, tc.want)
+	}
+}
+
+// undoing is how a version of the shared test checkout undoes a terminal
+// failure: whether its charge is refunded (foreign.Compensate), and after
+// which step, if any, nothing is undone.
+type undoing struct {
+	refund   bool
+	noReturn string
+}
+
+// checkout is the shared test checkout, whose record_charge fails for
+// good, undoing as u says.
+func (u undoing) checkout(p *testapp.Provider, version string) *workflow.Workflow[testapp.Order, testapp.State] {
+	opts := testapp.Options{Before: func(_ context.Context, step string) error {
+		if step == "record_charge" {
+			return phase.Permanent(errors.New("the ledger refuses the charge"))
+		}
+		return nil
+	}}
+	if u.refund {
+		opts.Charge = []foreign.Option{foreign.Compensate(testapp.Refund(p.URL))}
+	}
+	wf := testapp.Checkout(p.URL, opts).Version(version)
+	if u.noReturn != "" {
+		wf.PointOfNoReturn(u.noReturn)
+	}
+	return wf
+}
+
+// chargedAndRefundedOnce is the invariant of a failing checkout whichever
+// version undid it: one order, at most one charge and one refund, and a
+// refund only of a charge made.
+func chargedAndRefundedOnce(ctx context.Context, db *pgxpool.Pool, p *testapp.Provider) error {
+	var orders int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&orders); err != nil {
+		return err
+	}
+	var errs []error
+	if orders != 1 {
+		errs = append(errs, fmt.Errorf("%d orders for one request", orders))
+	}
+	if charges, refunds := p.Effects("charges"), p.Effects("refunds"); charges > 1 || refunds > charges {
+		errs = append(errs, fmt.Errorf("%d charges and %d refunds for one order", charges, refunds))
+	}
+	for key, charge := range p.Undoes("refunds") {
+		if !p.Made("charges", charge) {
+			errs = append(errs, fmt.Errorf("refund %s undoes %q, a charge never made", key, charge))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// TestUpgradeCatchesChangesToWhatIsUndone: a deploy that changes what a
+// terminal failure undoes parks, in both directions, the records whose
+// undo it would change: those that may have made the charge, or are
+// refunding it. A point of no return moved past records that had passed
+// it would refund charges the version that made them declared final, and
+// a compensation dropped would leave unrefunded charges it would refund.
+// The operator's resume as the version that wrote the record then finishes
+// it as that version would. A record not yet charged resumes.
+func TestUpgradeCatchesChangesToWhatIsUndone(t *testing.T) {
+	t.Parallel()
+	mayHaveCharged := []string{"after create_order's commit", "before charge", "after charge's call", "before record_charge"}
+	refunding := append(slices.Clone(mayHaveCharged), "before undoing charge", "after charge's compensation call")
+	for _, uc := range []struct {
+		name                       string
+		deployed, next             undoing
+		forwardParks, reverseParks []string
+	}{{
+		name:     "the point of no return moved past records that had passed it",
+		deployed: undoing{refund: true, noReturn: "create_order"}, next: undoing{refund: true},
+		forwardParks: mayHaveCharged,
+		// A record v2 is refunding is past v1's point of no return.
+		reverseParks: refunding,
+	}, {
+		name:     "a compensation dropped",
+		deployed: undoing{refund: true}, next: undoing{},
+		forwardParks: refunding,
+		reverseParks: mayHaveCharged,
+	}} {
+		t.Run(uc.name, func(t *testing.T) {
+			t.Parallel()
+			report := crashtest.Upgrade(t, crashtest.Case[testapp.Order, testapp.State]{
+				NewWorld: func(ctx context.Context) (*crashtest.World[testapp.Order, testapp.State], error) {
+					db := dbtest.Connect(t, dbtest.NewDatabase(t, dbtest.Options{}), 8)
+					if _, err := db.Exec(ctx, testapp.Schema); err != nil {
+						return nil, err
+					}
+					p := testapp.NewProvider(t)
+					return &crashtest.World[testapp.Order, testapp.State]{
+						DB: db, Workflow: uc.deployed.checkout(p, "v1"), Next: uc.next.checkout(p, "v2"),
+						Check: func(ctx context.Context) error { return chargedAndRefundedOnce(ctx, db, p) },
+					}, nil
+				},
+				Request: testapp.Order{Customer: "ada", Amount: 1999, Card: "4242"},
+			})
+			require.NoError(t, report.Err())
+			requireParksAt(t, report, uc.forwardParks, uc.reverseParks)
+		})
 	}
 }

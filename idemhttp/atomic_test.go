@@ -20,6 +20,8 @@ import (
 	"github.com/onceflow/onceflow/idemhttp"
 	"github.com/onceflow/onceflow/internal/dbtest"
 	"github.com/onceflow/onceflow/internal/pgtrace"
+	"github.com/onceflow/onceflow/phase"
+	"github.com/onceflow/onceflow/workflow"
 )
 
 // newAtomicServer is newServer with Config.Atomic, on a pool whose
@@ -427,6 +429,109 @@ func TestAtomicHandlersTakingASecondConnection(t *testing.T) {
 		require.Equal(t, http.StatusCreated, got.status, got.body)
 	}
 	require.Equal(t, requests, s.rows())
+}
+
+// TestEngineAndAtomicRequestsShareOnePool: a workflow engine and Atomic
+// requests on one pool share one gate, so that together they hold at
+// most all but one of its connections. While the engine's attempts hold
+// every place, an Atomic request waits for one (and, past DBTimeout, is
+// answered 503, nothing run) instead of taking the last connection, which
+// a renewal still gets; under load from both, with each holder taking a
+// second connection, no more than MaxConns-1 hold one at once, and every
+// run and request finishes.
+//
+// Before, each built a gate of its own: together they could hold 2N-2
+// connections of N, starving the engine's renewals and deadlocking holders
+// that wait for a second connection.
+func TestEngineAndAtomicRequestsShareOnePool(t *testing.T) {
+	t.Parallel()
+	const conns = 4
+	pool := dbtest.NewPool(t, conns)
+	s := newServerOn(t, pool, idemhttp.Config{Atomic: true, DBTimeout: 500 * time.Millisecond}, nil)
+	e, err := workflow.NewEngine(pool, workflow.Config{})
+	require.NoError(t, err)
+
+	var holders, most atomic.Int32 // holders of a gated connection, now and at most
+	hold := func(ctx context.Context) error {
+		defer holders.Add(-1)
+		n := holders.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		// A second connection: a deadlock would wait for ever, bounded it fails.
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		var one int
+		if err := pool.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
+			return fmt.Errorf("a second connection: %w", err)
+		}
+		return nil
+	}
+	var (
+		block   atomic.Bool
+		entered = make(chan struct{}, conns)
+		release = make(chan struct{})
+		free    = sync.OnceFunc(func() { close(release) })
+	)
+	t.Cleanup(free) // before the pool closes, should the test fail while they hold it
+	wf := workflow.Define("shares_the_pool",
+		phase.Atomic("hold", func(ctx context.Context, _ pgx.Tx, _ *phase.Run[Payment, Paid]) error {
+			if block.Load() {
+				entered <- struct{}{}
+				<-release
+			}
+			return hold(ctx)
+		}))
+	run := func(key string) error {
+		_, err := wf.Run(context.Background(), e, workflow.Key{Tenant: "acme", ID: key}, Payment{AmountCents: 1})
+		return err
+	}
+
+	// The engine's attempts take every place.
+	block.Store(true)
+	held := make(chan error, conns-1)
+	for i := range conns - 1 {
+		go func() { held <- run(fmt.Sprintf("held-%d", i)) }()
+	}
+	for range conns - 1 {
+		<-entered
+	}
+	got := s.post("/v1/charges", "while-held", "acme", `{}`)
+	require.Equal(t, http.StatusServiceUnavailable, got.status, "the request waited for a place, not for the last connection: %s", got.body)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var one int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT 1`).Scan(&one), "the last connection is free for a renewal")
+	block.Store(false)
+	free()
+	for range conns - 1 {
+		require.NoError(t, <-held)
+	}
+
+	// Both at once, every holder taking a second connection.
+	s.handle = func(w http.ResponseWriter, r *http.Request) {
+		if err := hold(r.Context()); err != nil {
+			http.Error(w, err.Error(), http.StatusTeapot)
+			return
+		}
+		s.charge(w, r)
+	}
+	const each = 8
+	errs := make(chan error, 2*each)
+	for i := range each {
+		go func() { errs <- run(fmt.Sprintf("run-%d", i)) }()
+		go func() {
+			got := s.post("/v1/charges", fmt.Sprintf("request-%d", i), "acme", `{}`)
+			if got.status != http.StatusCreated {
+				errs <- fmt.Errorf("request %d: %d %s", i, got.status, got.body)
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for range 2 * each {
+		require.NoError(t, <-errs)
+	}
+	require.LessOrEqual(t, most.Load(), int32(conns-1), "holders of a connection at once, engine and requests together")
 }
 
 // TestCaughtStatementErrorIsNotStored: a handler that catches a failed

@@ -122,7 +122,11 @@ type Config struct {
 	// afresh. The price: the request holds a connection, in a
 	// transaction, from the claim to the response, and no lease bounds
 	// the handler (no one else can take the key while its transaction is
-	// open), so keep such handlers short and give them a deadline;
+	// open), so keep such handlers short and give them a deadline.
+	// Atomic requests, and the attempts of workflow engines on the same
+	// *pgxpool.Pool, together hold at most all but one of its
+	// connections (more wait, within DBTimeout, then get 503): the last is
+	// left for a handler's second connection and for lease renewals;
 	// IdleTimeout bounds a handler whose process went silent. A
 	// response over MaxResponse from a handler that never called Tx is
 	// still streamed, and nothing is kept.

@@ -70,7 +70,7 @@ func Middleware(db workflow.DB, cfg Config) (func(http.Handler) http.Handler, er
 	c.operation, c.dbTimeout, c.optional, c.observer = cfg.Operation, cfg.DBTimeout, cfg.KeyOptional, cfg.Observer
 	m := &middleware{core: c, db: db, store: store, stores: cfg.Store, maxResponse: cfg.MaxResponse, atomic: cfg.Atomic}
 	if cfg.Atomic {
-		m.gate = poolgate.New(db)
+		m.gate = poolgate.For(db)
 	}
 	return func(next http.Handler) http.Handler {
 		h := *m

@@ -322,7 +322,7 @@ func (a *attempt[Req, State]) loadState(ctx context.Context, rec *recovery.Recor
 			return &unreadableError{what: "state", writer: rec.Definition, version: a.w.spec().Version, err: err}
 		}
 	}
-	if !r.upgrade && rec.Definition != "" && rec.ResumeAs == "" {
+	if !r.upgrade && !r.restamp && rec.Definition != "" && rec.ResumeAs == "" {
 		return nil
 	}
 	var state []byte

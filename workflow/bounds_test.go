@@ -347,22 +347,30 @@ func TestDBTimeoutBoundsTheClaim(t *testing.T) {
 	// The bound under test is short; the caller's own deadline is long, so
 	// that a hang shows as a test failure, not as a pass.
 	const bound = 300 * time.Millisecond
-	run := func(db workflow.DB) error {
-		e, err := workflow.NewEngine(db, workflow.Config{DBTimeout: bound})
+	engine := func(db workflow.DB) *workflow.Engine {
+		e, err := workflow.NewEngine(db, workflow.Config{DBTimeout: bound, Workflows: []workflow.Definition{wf}})
 		require.NoError(t, err)
+		// Stored while the database answers: a run that comes before its
+		// definition is stored waits for that, bounded by its own context,
+		// not by DBTimeout, which bounds the claim.
+		require.NoError(t, e.SaveDefinitions(w.ctx))
+		return e
+	}
+	run := func(e *workflow.Engine) error {
 		ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
 		defer cancel()
-		_, err = wf.Run(ctx, e, acme, order)
+		_, err := wf.Run(ctx, e, acme, order)
 		return err
 	}
 
 	t.Run("locked table", func(t *testing.T) {
+		e := engine(w.db)
 		locker, err := w.db.Begin(w.ctx)
 		require.NoError(t, err)
 		defer func() { _ = locker.Rollback(w.ctx) }()
 		_, err = locker.Exec(w.ctx, `LOCK TABLE onceflow_keys IN ACCESS EXCLUSIVE MODE`)
 		require.NoError(t, err)
-		err = run(w.db)
+		err = run(e)
 		require.ErrorIs(t, err, workflow.ErrUnavailable)
 		require.False(t, errors.Is(err, workflow.ErrInFlight), "a locked table is not a key in flight")
 	})
@@ -373,10 +381,11 @@ func TestDBTimeoutBoundsTheClaim(t *testing.T) {
 		small, err := pgxpool.NewWithConfig(w.ctx, cfg)
 		require.NoError(t, err)
 		defer small.Close()
+		e := engine(small)
 		held, err := small.Acquire(w.ctx)
 		require.NoError(t, err)
 		defer held.Release()
-		require.ErrorIs(t, run(small), workflow.ErrUnavailable)
+		require.ErrorIs(t, run(e), workflow.ErrUnavailable)
 	})
 
 	require.Zero(t, ran.Load(), "nothing ran")

@@ -109,12 +109,19 @@ func (w *Workflow[Req, State]) Finish(fn func(*State) Response) *Workflow[Req, S
 // operator. Put it after the step that makes undoing wrong (the order was
 // paid and shipped). Without it, every step may be undone. It panics when
 // the workflow has no step afterStep.
+//
+// The point of no return, like which steps have a compensation, is part of
+// the definition (Spec.Compensation, and its fingerprint): a deploy that
+// moves it past a record in flight that had passed it, or before one that
+// had not, parks the record instead of undoing what the old definition
+// declared final, or keeping what it would undo (see Resumable).
 func (w *Workflow[Req, State]) PointOfNoReturn(afterStep string) *Workflow[Req, State] {
 	i, ok := w.indexOf(afterStep)
 	if !ok {
 		panic(fmt.Errorf("%w: workflow %s: PointOfNoReturn(%q): no such step", ErrInvalidInput, w.name, afterStep))
 	}
 	w.noReturn = i
+	w.specOnce.Store(nil)
 	return w
 }
 

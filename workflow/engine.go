@@ -39,8 +39,12 @@ const DBTimeoutDefault = 5 * time.Second
 // attempts hold at most MaxConns-1 of them at once; the last is left for
 // the statements that keep leases alive (renewals, hand-backs), so that a
 // burst of requests queueing for connections cannot starve an attempt's
-// renewals and cost it its lease. Size the pool for the concurrent
-// attempts you want plus one.
+// renewals and cost it its lease. The places are the pool's, not the
+// engine's: every engine and every idemhttp.Middleware with Config.Atomic
+// given the same *pgxpool.Pool share them, so that together, too, they
+// leave the last connection free. (A type that wraps a pool gets places of
+// its own: pass the pool itself.) Size the pool for the concurrent
+// attempts and Atomic requests you want plus one.
 type DB interface {
 	recovery.DBTX
 	Acquire(ctx context.Context) (*pgxpool.Conn, error)
@@ -90,6 +94,15 @@ type Config struct {
 	// that hangs (a locked table, a host dropping packets, a full pool)
 	// gives a prompt error instead of a hung request. Set the pool's
 	// connect_timeout too. 0 means DBTimeoutDefault.
+	//
+	// Storing a definition is not bounded by it: the engine stores each
+	// registered definition once, in the background (see
+	// Engine.SaveDefinitions), and a run that comes before its
+	// definition is stored waits for that, bounded by its own context
+	// (and by the save's tries, each bounded by 30s), then claims within
+	// DBTimeout. Call Engine.SaveDefinitions at start-up, before serving,
+	// so that no request waits for it, and a database that does not
+	// answer is found then.
 	DBTimeout time.Duration
 
 	// ResponseHeaders lists the response headers stored and replayed. nil
@@ -207,14 +220,42 @@ type Engine struct {
 
 	mu        sync.RWMutex
 	workflows map[string]*family
-	specs     map[string]*Spec // stored definitions read, by workflow and fingerprint
-	saved     map[string]bool  // definitions this engine stored, by fingerprint
+	specs     map[string]*Spec           // stored definitions read, by workflow and fingerprint
+	saves     map[string]*definitionSave // saves of registered definitions, by fingerprint (definitions.go)
 }
 
 // family is every registered version of one workflow.
 type family struct {
 	current runnable
 	byFP    map[string]runnable
+	// earlier finds a version by the fingerprint an earlier release of
+	// onceflow gave it (Spec.Earlier); nil when several share it (they
+	// differ only in what that release did not hash), and the rules decide.
+	earlier map[string]runnable
+}
+
+// lookup returns the version fingerprint names: its fingerprint, or the
+// earlier one of only that version.
+func (f *family) lookup(fingerprint string) (runnable, bool) {
+	if d, ok := f.byFP[fingerprint]; ok {
+		return d, true
+	}
+	d := f.earlier[fingerprint]
+	return d, d != nil
+}
+
+// add registers version m.
+func (f *family) add(m runnable) {
+	sp := m.spec()
+	f.byFP[sp.Fingerprint] = m
+	if sp.Earlier == nil {
+		return
+	}
+	if other, ok := f.earlier[sp.Earlier.Fingerprint]; ok && other != m {
+		f.earlier[sp.Earlier.Fingerprint] = nil
+		return
+	}
+	f.earlier[sp.Earlier.Fingerprint] = m
 }
 
 // Result is what a run answered.
@@ -253,7 +294,11 @@ type Result struct {
 	FinishedFor time.Duration
 }
 
-// NewEngine returns an engine that stores key records in db.
+// NewEngine returns an engine that stores key records in db. It makes no
+// round trip: it starts storing the definitions of cfg.Workflows in the
+// background (see Engine.SaveDefinitions, which waits for that). With a
+// nil db, the engine only lists its definitions (Specs), for a deploy
+// check.
 //
 // Migrate db first, with `onceflow migrate up` or migrations.Migrator.Up,
 // using the schema of cfg.Schema, and check it at start-up with
@@ -273,7 +318,7 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		db:          db,
-		gate:        poolgate.New(db),
+		gate:        poolgate.For(db),
 		store:       store,
 		lease:       store.Lease(),
 		dbTimeout:   cfg.DBTimeout,
@@ -285,7 +330,7 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 		tracer:      cfg.TracerProvider.Tracer(tracing.ScopeName),
 		workflows:   map[string]*family{},
 		specs:       map[string]*Spec{},
-		saved:       map[string]bool{},
+		saves:       map[string]*definitionSave{},
 	}
 	if cfg.Hooks != nil {
 		e.hooks = *cfg.Hooks
@@ -303,7 +348,8 @@ func NewEngine(db DB, cfg Config) (*Engine, error) {
 
 // Register makes workflows resumable by this engine: Resume looks a record's
 // workflow up by name, and its definition by the fingerprint the record
-// stores. Workflow.Run registers the workflow it runs. Two different
+// stores. It starts storing each new definition in the background (see
+// SaveDefinitions). Workflow.Run registers the workflow it runs. Two different
 // definitions under one name are an error unless registered together with
 // Versions: declare each workflow once, as a package-level value, rather
 // than per call.
@@ -314,7 +360,7 @@ func (e *Engine) Register(defs ...Definition) error {
 		members := d.versions()
 		fam := e.workflows[d.Name()]
 		if fam == nil {
-			fam = &family{byFP: map[string]runnable{}}
+			fam = &family{byFP: map[string]runnable{}, earlier: map[string]runnable{}}
 		}
 		for i, m := range members {
 			sp := m.spec()
@@ -334,7 +380,10 @@ func (e *Engine) Register(defs ...Definition) error {
 			}
 		}
 		for _, m := range members {
-			fam.byFP[m.spec().Fingerprint] = m
+			fam.add(m)
+			if e.db != nil { // an engine without a database only lists its definitions (Specs)
+				e.saveLocked(m) // in the background, off any run's clock
+			}
 		}
 		if len(members) > 1 || fam.current == nil {
 			fam.current = members[len(members)-1]
@@ -383,9 +432,8 @@ func (e *Engine) Specs() []Spec {
 
 // definitionFor returns the registered definition that runs rec: the one
 // an operator chose for it (Record.ResumeAs), else the one with the
-// record's fingerprint, else the one registered that had that fingerprint
-// under an earlier release of onceflow (Spec.Earlier), if only one had,
-// else the workflow's current one.
+// record's fingerprint, or the earlier fingerprint of only one of them
+// (Spec.Earlier), else the workflow's current one.
 func (e *Engine) definitionFor(rec *recovery.Record) (runnable, bool) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
@@ -393,21 +441,8 @@ func (e *Engine) definitionFor(rec *recovery.Record) (runnable, bool) {
 	if !ok {
 		return nil, false
 	}
-	fp := cmp.Or(rec.ResumeAs, rec.Definition)
-	if d, ok := fam.byFP[fp]; ok {
+	if d, ok := fam.lookup(cmp.Or(rec.ResumeAs, rec.Definition)); ok {
 		return d, true
-	}
-	var owner runnable
-	for _, d := range fam.byFP {
-		if d.spec().owns(fp) {
-			if owner != nil {
-				return fam.current, true // versions that differ only in their numbers' kinds: the rules decide
-			}
-			owner = d
-		}
-	}
-	if owner != nil {
-		return owner, true
 	}
 	return fam.current, true
 }

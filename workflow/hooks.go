@@ -80,6 +80,12 @@ type Hooks struct {
 	// LeaseRenewed is called after each heartbeat renewal, with the new
 	// lease end, or with the error that stopped it.
 	LeaseRenewed func(key Key, step string, until time.Time, err error)
+
+	// SavingDefinition is called before each try to store a definition
+	// (see Engine.SaveDefinitions), with the try's context. A hook that
+	// blocks delays the save, as a slow server would; an error fails the
+	// try, as the server's would.
+	SavingDefinition func(ctx context.Context, workflow, version string) error
 }
 
 // CrashPoints lists, from a workflow's definition, every crash point a run

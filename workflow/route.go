@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/recovery"
 )
 
@@ -33,6 +32,9 @@ type route struct {
 	upgrade bool
 	from    *Spec
 	point   string
+	// restamp: the record is this definition's under its legacy
+	// fingerprint; stamp it with the fingerprint.
+	restamp bool
 	// park: why this definition may not run the record ("" when it may).
 	park string
 }
@@ -52,10 +54,16 @@ func (e *Engine) route(ctx context.Context, s *recovery.Store, w runnable, rec *
 		// Claimed before definitions were stored: resume as before, at
 		// the recovery point's name in this definition.
 		return route{point: cur.renamedTo(rec.RecoveryPoint)}, nil
-	case cur.owns(rec.Definition):
+	case rec.Definition == cur.Fingerprint:
 		return route{point: rec.RecoveryPoint}, nil
+	case cur.is(rec.Definition):
+		// Stamped by an earlier release of onceflow with this definition
+		// as far as that release could tell (Spec.Earlier): what it would
+		// have undone is unknown, and taken as this one's. Restamped, the
+		// record is compared with this one's from now on.
+		return route{point: rec.RecoveryPoint, restamp: true}, nil
 	}
-	if d, ok := e.definitionFor(rec); ok && d.spec().owns(rec.Definition) {
+	if d, ok := e.definitionFor(rec); ok && d.spec().is(rec.Definition) {
 		return route{other: d}, nil
 	}
 	old, err := e.storedSpec(ctx, s, rec.Workflow, rec.Definition)
@@ -85,14 +93,14 @@ func (e *Engine) route(ctx context.Context, s *recovery.Store, w runnable, rec *
 // without comparing definitions. A process that does not register it parks
 // the record again rather than guess.
 func (e *Engine) routeResumeAs(ctx context.Context, s *recovery.Store, w runnable, rec *recovery.Record) (route, error) {
-	if !w.spec().owns(rec.ResumeAs) {
-		if d, ok := e.definitionFor(rec); ok && d.spec().owns(rec.ResumeAs) {
+	if !w.spec().is(rec.ResumeAs) {
+		if d, ok := e.definitionFor(rec); ok && d.spec().is(rec.ResumeAs) {
 			return route{other: d}, nil
 		}
 		return route{park: fmt.Sprintf("an operator resumed it as definition %s, which this process does not register (running version %s)",
 			rec.ResumeAs, w.spec().Version)}, nil
 	}
-	r := route{point: w.spec().renamedTo(rec.RecoveryPoint), upgrade: rec.Definition != rec.ResumeAs}
+	r := route{point: w.spec().renamedTo(rec.RecoveryPoint), upgrade: !w.spec().is(rec.Definition)}
 	if r.upgrade && rec.Definition != "" {
 		// Only to name the version that wrote the record: the operator
 		// vouched for the rest, so an unreadable one does not matter.
@@ -147,58 +155,6 @@ func (e *Engine) storedSpec(ctx context.Context, s *recovery.Store, workflow, fi
 	return sp, nil
 }
 
-// ensureSaved stores w's definition, once per engine, before w claims or
-// takes over a key: a process running another definition reads it to
-// decide whether it may resume the records w wrote or restamped.
-func (e *Engine) ensureSaved(ctx context.Context, w runnable) error {
-	sp := w.spec()
-	e.mu.RLock()
-	done := e.saved[sp.Fingerprint]
-	e.mu.RUnlock()
-	if done {
-		return nil
-	}
-	body, err := json.Marshal(sp)
-	if err != nil {
-		return fmt.Errorf("encode definition of %s: %w", sp.Workflow, err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, e.dbTimeout)
-	defer cancel()
-	err = seam.StoreOf(e.store).SaveDefinition(ctx, recovery.StoredDefinition{
-		Workflow: sp.Workflow, Fingerprint: sp.Fingerprint, Version: sp.Version, Spec: body})
-	if err != nil {
-		if ctx.Err() != nil && !errors.Is(err, ErrNotMigrated) {
-			err = fmt.Errorf("%w: store definition of %s: %w", ErrUnavailable, sp.Workflow, err)
-		}
-		return err
-	}
-	e.mu.Lock()
-	e.saved[sp.Fingerprint] = true
-	e.mu.Unlock()
-	return nil
-}
-
-// SaveDefinitions stores every registered definition that is not stored
-// yet. Run and Resume store a definition before it first claims or takes
-// over a key with it; call SaveDefinitions at start-up to do it then, and
-// to learn at once that the database is unreachable or not migrated.
-func (e *Engine) SaveDefinitions(ctx context.Context) error {
-	e.mu.RLock()
-	var defs []runnable
-	for _, fam := range e.workflows {
-		for _, d := range fam.byFP {
-			defs = append(defs, d)
-		}
-	}
-	e.mu.RUnlock()
-	for _, d := range defs {
-		if err := e.ensureSaved(ctx, d); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // ResumeAs resolves a parked record: it runs the record under the
 // registered definition of its workflow whose version (or fingerprint) is
 // version, from its recovery point, without comparing definitions. The
@@ -246,7 +202,7 @@ func (e *Engine) version(workflow, version string) (runnable, error) {
 	var known []string
 	for _, d := range fam.byFP {
 		sp := d.spec()
-		if sp.Version == version || sp.owns(version) {
+		if sp.Version == version || sp.is(version) {
 			return d, nil
 		}
 		known = append(known, sp.Version)

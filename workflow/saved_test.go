@@ -1,9 +1,16 @@
 package workflow_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -68,4 +75,131 @@ func TestResumeStoresItsDefinition(t *testing.T) {
 		require.Len(t, defs, 1, "%s: the resuming definition is stored", c.key)
 		require.Equal(t, c.key, defs[0].Version)
 	}
+}
+
+// TestSlowDefinitionSaveDoesNotFailARun: storing a definition slower than
+// Config.DBTimeout (a loaded server, a pool still connecting) fails no
+// run. The definition is stored once, off the runs' clocks; runs that
+// arrive meanwhile wait for it, bounded by their own contexts, and then
+// claim within DBTimeout as ever.
+//
+// Before, each run stored the definition itself within its DBTimeout: the
+// first runs of a process on a busy machine failed with ErrUnavailable
+// ("store definition of checkout: ... context deadline exceeded").
+func TestSlowDefinitionSaveDoesNotFailARun(t *testing.T) {
+	w := newWorld(t)
+	const dbTimeout = 2 * time.Second
+	var tries atomic.Int32
+	e := w.engine(workflow.Config{DBTimeout: dbTimeout, Hooks: &workflow.Hooks{
+		SavingDefinition: func(ctx context.Context, _, _ string) error {
+			if tries.Add(1) > 1 {
+				return nil
+			}
+			select {
+			case <-ctx.Done(): // a save bounded by a run's DBTimeout ends here
+				return context.Cause(ctx)
+			case <-time.After(2 * dbTimeout): // a server slower than DBTimeout
+				return nil
+			}
+		},
+	}})
+	wf := w.checkout()
+	const runs = 4
+	errs := make(chan error, runs)
+	for i := range runs {
+		go func() {
+			_, err := wf.Run(w.ctx, e, workflow.Key{Tenant: "acme", ID: fmt.Sprintf("slow-%d", i)}, order)
+			errs <- err
+		}()
+	}
+	for range runs {
+		require.NoError(t, <-errs)
+	}
+	require.EqualValues(t, 1, tries.Load(), "one save for every run")
+	require.Equal(t, runs, w.orders())
+}
+
+// TestEngineStoresItsDefinitionsWhenBuilt: NewEngine stores the
+// definitions of Config.Workflows in the background, before any run, and
+// SaveDefinitions waits for that save instead of making another.
+func TestEngineStoresItsDefinitionsWhenBuilt(t *testing.T) {
+	w := newWorld(t)
+	saving := make(chan string, 1)
+	wf := w.checkout()
+	e := w.engine(workflow.Config{Workflows: []workflow.Definition{wf}, Hooks: &workflow.Hooks{
+		SavingDefinition: func(_ context.Context, workflow, _ string) error {
+			saving <- workflow
+			return nil
+		},
+	}})
+	select {
+	case name := <-saving:
+		require.Equal(t, wf.Name(), name)
+	case <-time.After(30 * time.Second):
+		require.Fail(t, "NewEngine started no save of its definitions")
+	}
+	require.NoError(t, e.SaveDefinitions(w.ctx))
+	require.Empty(t, saving, "SaveDefinitions waited for the save under way")
+	defs, err := e.Store().Definitions(w.ctx, wf.Name(), wf.Spec().Fingerprint)
+	require.NoError(t, err)
+	require.Len(t, defs, 1)
+}
+
+// TestDefinitionSaveIsTriedAgain: a save of a definition that fails is
+// tried again, with a warning, and the run that waits for it goes on;
+// once every try failed, the runs waiting get the error, and the next run
+// starts another save.
+func TestDefinitionSaveIsTriedAgain(t *testing.T) {
+	w := newWorld(t)
+	var (
+		tries atomic.Int32
+		fails atomic.Int32 // tries still to fail
+		logs  bytes.Buffer
+		mu    sync.Mutex
+	)
+	refused := errors.New("connection reset by peer")
+	fails.Store(1)
+	e := w.engine(workflow.Config{
+		Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil)),
+		Hooks: &workflow.Hooks{SavingDefinition: func(context.Context, string, string) error {
+			tries.Add(1)
+			if fails.Add(-1) >= 0 {
+				return refused
+			}
+			return nil
+		}},
+	})
+	wf := w.checkout()
+	_, err := wf.Run(w.ctx, e, acme, order)
+	require.NoError(t, err, "the second try stored it")
+	require.EqualValues(t, 2, tries.Load())
+	mu.Lock()
+	require.Contains(t, logs.String(), "connection reset by peer")
+	mu.Unlock()
+
+	other := workflow.Define("other", atomicStep("only", func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error { return nil }))
+	fails.Store(1 << 20)
+	tries.Store(0)
+	_, err = other.Run(w.ctx, e, workflow.Key{Tenant: "acme", ID: "other"}, order)
+	require.ErrorIs(t, err, refused, "every try failed")
+	spent := tries.Load()
+	require.Greater(t, spent, int32(1), "tried again")
+	_, err = other.Run(w.ctx, e, workflow.Key{Tenant: "acme", ID: "other"}, order)
+	require.ErrorIs(t, err, refused)
+	require.Equal(t, 2*spent, tries.Load(), "the next run started another save")
+	fails.Store(0)
+	_, err = other.Run(w.ctx, e, workflow.Key{Tenant: "acme", ID: "other"}, order)
+	require.NoError(t, err)
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

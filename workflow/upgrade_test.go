@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -331,6 +332,224 @@ func TestUpgradeRenamedForeignStepKeepsItsKey(t *testing.T) {
 	requireParked(t, w, err, unrenamed, "v1", "v2-silent", "create_order")
 	require.Empty(t, vs.since(ran))
 }
+
+// TestUpgradeRenamedStepKeepsItsSubKeysAndCompensationKey: a step
+// declared Renamed derives every downstream key from its first name, not
+// only its own: the keys it derives for each of several calls
+// (foreign.Call.KeyFor) and its compensation's key are the same before and
+// after the rename, so that a per-item call made before the deploy is
+// deduplicated after it, and the refund of a charge made before it is sent
+// once, under the key it was always going to have, naming the charge's key.
+func TestUpgradeRenamedStepKeepsItsSubKeysAndCompensationKey(t *testing.T) {
+	w := newWorld(t)
+	var (
+		mu                 sync.Mutex
+		items, undo, undid []string // KeyFor keys of the calls; the compensation's key, and the key it undoes
+	)
+	define := func(version, charge string, abort bool) *workflow.Workflow[Order, trail] {
+		return workflow.Define("order",
+			phase.Atomic("create_order", func(context.Context, pgx.Tx, *phase.Run[Order, trail]) error { return nil }),
+			foreign.Mutation(charge, func(_ context.Context, c *foreign.Call[Order, trail]) error {
+				mu.Lock()
+				defer mu.Unlock()
+				items = append(items, c.KeyFor("item", "1"), c.KeyFor("item", "2"))
+				return nil
+			}, foreign.Compensate(func(_ context.Context, c *foreign.Call[Order, trail]) error {
+				mu.Lock()
+				defer mu.Unlock()
+				undo, undid = append(undo, c.Key), append(undid, c.Compensates)
+				return nil
+			})),
+			phase.Atomic("record_charge", func(context.Context, pgx.Tx, *phase.Run[Order, trail]) error {
+				if abort {
+					return workflow.Abort(workflow.Problem(409, "the ledger refuses the charge"))
+				}
+				return nil
+			}),
+		).Version(version)
+	}
+	crashUnder(w, define("v1", "charge", false), acme, workflow.CrashPoint{Kind: workflow.AfterForeignCall, Step: "charge"})
+	id := w.record(acme).ID
+	before := []string{foreign.DeriveKey(acme, id, "charge", "item", "1"), foreign.DeriveKey(acme, id, "charge", "item", "2")}
+	require.Equal(t, before, items, "v1's calls, one key per item")
+
+	v2 := define("v2", "charge_card", true).Changes(workflow.Renamed("charge", "charge_card"))
+	res, err := w.engine(workflow.Config{Workflows: []workflow.Definition{v2}}).Resume(w.ctx, acme)
+	require.NoError(t, err)
+	require.True(t, res.Compensated, "record_charge aborted: the charge is undone")
+	require.Equal(t, append(before, before...), items, "v2 repeats each item's call with v1's key")
+	require.Equal(t, []string{foreign.DeriveKey(acme, id, "charge", "compensate")}, undo,
+		"the refund's key derives from the step's first name")
+	require.Equal(t, []string{foreign.DeriveKey(acme, id, "charge")}, undid, "the refund names the key the charge was made with")
+}
+
+// undoable declares version of "order" for TestUpgradeParksWhenWhatIsUndoneChanged:
+// create_order, charge (foreign, refunded by a compensation when
+// refundable), record_charge, and ship, which aborts the workflow when
+// abortShip says so; noReturn, when set, is its point of no return. refunds
+// counts the compensations run.
+func undoable(version string, refundable, abortShip bool, noReturn string, refunds *atomic.Int32) *workflow.Workflow[Order, trail] {
+	var opts []foreign.Option
+	if refundable {
+		opts = append(opts, foreign.Compensate(func(context.Context, *foreign.Call[Order, trail]) error {
+			refunds.Add(1)
+			return nil
+		}))
+	}
+	noop := func(context.Context, pgx.Tx, *phase.Run[Order, trail]) error { return nil }
+	wf := workflow.Define("order",
+		phase.Atomic("create_order", noop),
+		foreign.Mutation("charge", func(context.Context, *foreign.Call[Order, trail]) error { return nil }, opts...),
+		phase.Atomic("record_charge", noop),
+		phase.Atomic("ship", func(context.Context, pgx.Tx, *phase.Run[Order, trail]) error {
+			if abortShip {
+				return workflow.Abort(workflow.Problem(409, "the order cannot ship"))
+			}
+			return nil
+		}),
+	).Version(version)
+	if noReturn != "" {
+		wf.PointOfNoReturn(noReturn)
+	}
+	return wf
+}
+
+// TestUpgradeParksWhenWhatIsUndoneChanged: a deploy that changes what a
+// terminal failure undoes, for what a record in flight may have done,
+// parks the record instead of resuming it: a point of no return moved past
+// a record that had passed it would refund a charge the old definition
+// declared final, and a compensation dropped from a step the record did
+// would leave unrefunded a charge the old definition would refund. A change
+// after what the record did resumes it.
+//
+// Before, neither the point of no return nor a step's compensation was part
+// of the definition: the new one took the record as its own and undid (or
+// kept) what it liked.
+func TestUpgradeParksWhenWhatIsUndoneChanged(t *testing.T) {
+	t.Parallel()
+	t.Run("point of no return moved past the record", func(t *testing.T) {
+		w := newWorld(t)
+		var refunds atomic.Int32
+		crashUnder(w, undoable("v1", true, false, "record_charge", &refunds), acme, afterRecordCharge)
+		v2 := undoable("v2", true, true, "ship", &refunds)
+		_, err := v2.Run(w.ctx, w.engine(workflow.Config{}), acme, order)
+		requireParked(t, w, err, acme, "v1", "v2", "record_charge")
+		require.ErrorContains(t, err, "point of no return")
+		require.Zero(t, refunds.Load(), "a charge v1 declared final is not refunded")
+	})
+	t.Run("only the point of no return moved", func(t *testing.T) {
+		// No version label, no step changed: the definitions differ by
+		// their point of no return alone.
+		w := newWorld(t)
+		var refunds atomic.Int32
+		v1 := undoable("", true, false, "record_charge", &refunds)
+		crashUnder(w, v1, acme, afterRecordCharge)
+		v2 := undoable("", true, true, "ship", &refunds)
+		_, err := v2.Run(w.ctx, w.engine(workflow.Config{}), acme, order)
+		requireParked(t, w, err, acme, v1.Spec().Version, v2.Spec().Version, "record_charge")
+		require.Zero(t, refunds.Load())
+	})
+	t.Run("compensation dropped from a step the record did", func(t *testing.T) {
+		w := newWorld(t)
+		var refunds atomic.Int32
+		crashUnder(w, undoable("v1", true, false, "", &refunds), acme, afterRecordCharge)
+		v2 := undoable("v2", false, true, "", &refunds)
+		_, err := w.engine(workflow.Config{Workflows: []workflow.Definition{v2}}).Resume(w.ctx, acme)
+		requireParked(t, w, err, acme, "v1", "v2", "record_charge")
+		require.ErrorContains(t, err, "compensation")
+	})
+	t.Run("point of no return moved after what the record did", func(t *testing.T) {
+		w := newWorld(t)
+		var refunds atomic.Int32
+		crashUnder(w, undoable("v1", true, false, "record_charge", &refunds), acme,
+			workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "create_order"})
+		v2 := undoable("v2", true, true, "ship", &refunds)
+		res, err := v2.Run(w.ctx, w.engine(workflow.Config{}), acme, order)
+		require.NoError(t, err)
+		require.True(t, res.Compensated, "v2 resumed the record, and its abort undid the charge as v2 says")
+		require.EqualValues(t, 1, refunds.Load())
+	})
+}
+
+// stampedByAnOlderBuild makes key's record look as a build from before
+// definitions recorded what they undo left it, under definition def: the
+// record names def's earlier fingerprint, and the definition stored under it
+// has no Compensation.
+func stampedByAnOlderBuild(w *world, key workflow.Key, def workflow.Definition) {
+	w.t.Helper()
+	sp := def.Spec()
+	legacy := sp
+	legacy.Fingerprint, legacy.State, legacy.Earlier, legacy.Compensation = sp.Earlier.Fingerprint, sp.Earlier.State, nil, nil
+	body, err := json.Marshal(legacy)
+	require.NoError(w.t, err)
+	_, err = w.db.Exec(w.ctx, `INSERT INTO onceflow_definitions (workflow, fingerprint, version, spec) VALUES ($1, $2, $3, $4)
+		ON CONFLICT DO NOTHING`, sp.Workflow, legacy.Fingerprint, sp.Version, string(body))
+	require.NoError(w.t, err)
+	_, err = w.db.Exec(w.ctx, `UPDATE onceflow_keys SET definition = $3 WHERE tenant_id = $1 AND key = $2`,
+		key.Tenant, key.ID, legacy.Fingerprint)
+	require.NoError(w.t, err)
+}
+
+// TestUpgradeFromABuildThatDidNotRecordWhatIsUndone: what a definition
+// undoes became part of its fingerprint, so every definition has a new
+// one; a record an older build stamped with the definition's fingerprint
+// of then (its earlier fingerprint) is still the same definition's. It
+// resumes as its own (no state upgrade) and is restamped; a registered
+// version finishes the records stamped with its earlier fingerprint; and a
+// changed definition compares with the older build's stored definition
+// without knowing what that undid, as before: it resumes what the rest of
+// the rules let it.
+func TestUpgradeFromABuildThatDidNotRecordWhatIsUndone(t *testing.T) {
+	t.Parallel()
+	t.Run("the same definition", func(t *testing.T) {
+		w := newWorld(t)
+		vs := newVersions()
+		upgrades := 0
+		v1 := vs.define("v1", "create_order:A", "charge:F", "record_charge:A").
+			UpgradeState(func(old json.RawMessage) (trail, error) {
+				upgrades++
+				return trail{}, errors.New("not another definition's state")
+			})
+		crashUnder(w, v1, acme, workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "create_order"})
+		stampedByAnOlderBuild(w, acme, v1)
+		res, err := v1.Run(w.ctx, w.engine(workflow.Config{}), acme, order)
+		require.NoError(t, err)
+		requireAnswer(t, res, "v1", "v1:create_order", "v1:charge", "v1:record_charge")
+		require.Zero(t, upgrades, "the record's state is its own")
+		require.Equal(t, v1.Spec().Fingerprint, w.record(acme).Definition, "restamped")
+	})
+	t.Run("a version registered with Versions", func(t *testing.T) {
+		w := newWorld(t)
+		vs := newVersions()
+		v1 := vs.define("v1", "create_order:A", "charge:F", "record_charge:A")
+		crashUnder(w, v1, acme, workflow.CrashPoint{Kind: workflow.AfterCommit, Step: "create_order"})
+		stampedByAnOlderBuild(w, acme, v1)
+		v2 := vs.define("v2", "create_order:A", "fraud_check:F", "charge:F", "record_charge:A")
+		e := w.engine(workflow.Config{Workflows: []workflow.Definition{workflow.Versions(v1, v2)}})
+		res, err := v2.Run(w.ctx, e, acme, order)
+		require.NoError(t, err)
+		requireAnswer(t, res, "v1", "v1:create_order", "v1:charge", "v1:record_charge")
+	})
+	t.Run("a definition changed after the recovery point", func(t *testing.T) {
+		w := newWorld(t)
+		var refunds atomic.Int32
+		v1 := undoable("v1", true, false, "record_charge", &refunds)
+		crashUnder(w, v1, acme, afterRecordCharge)
+		stampedByAnOlderBuild(w, acme, v1)
+		// It adds a step and drops the point of no return, so it would
+		// refund the charge: what v1 undid is not known, so only the steps
+		// are compared, as before.
+		v2 := workflow.Define("order", phase.Atomic("create_order", noopPhase),
+			foreign.Mutation("charge", noopCall, foreign.Compensate(noopCall)),
+			phase.Atomic("record_charge", noopPhase), phase.Atomic("ship", noopPhase), phase.Atomic("notify", noopPhase)).Version("v2")
+		_, err := v2.Run(w.ctx, w.engine(workflow.Config{}), acme, order)
+		require.NoError(t, err)
+		require.Equal(t, v2.Spec().Fingerprint, w.record(acme).Definition)
+	})
+}
+
+func noopPhase(context.Context, pgx.Tx, *phase.Run[Order, trail]) error { return nil }
+func noopCall(context.Context, *foreign.Call[Order, trail]) error       { return nil }
 
 // TestUpgradeRemovedStep: a step Removed after the recovery point is
 // skipped when it cannot have started (an atomic one), and parks the record

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/onceflow/onceflow/phase"
@@ -36,7 +37,8 @@ type Spec struct {
 	Version string `json:"version"`
 	// Fingerprint identifies the definition: a hash of its name, its
 	// explicit version, its steps' names and kinds in order (and a renamed
-	// step's first name), and its state's JSON shape.
+	// step's first name), its state's JSON shape, and what it undoes
+	// (Compensation).
 	Fingerprint string     `json:"fingerprint"`
 	Steps       []StepInfo `json:"steps"`
 	// Renamed maps a step's earlier name to its name in this definition
@@ -52,14 +54,31 @@ type Spec struct {
 	// UpgradesState says the definition reads other definitions' states
 	// through a state upgrader (Workflow.UpgradeState).
 	UpgradesState bool `json:"upgrades_state,omitempty"`
-	// Earlier is what releases of onceflow whose state shape did not tell
-	// one kind of number from another (every integer kind was "integer",
-	// every float "number", a []byte an array of integers) made of this
-	// definition: its fingerprint and state shape then. nil when they are
-	// the ones it has now (a state without numbers). A record stamped with
-	// Earlier.Fingerprint is this definition's own, so the upgrade to a
-	// release that tells numbers apart changes no record's definition.
+	// Compensation is what the definition undoes when a record fails for
+	// good. nil in a definition stored or exported by a release of
+	// onceflow from before it was recorded: unknown, and then not compared
+	// (Resumable).
+	Compensation *Compensation `json:"compensation,omitempty"`
+	// Earlier is the fingerprint and state shape that releases of onceflow
+	// before this one gave the definition: they hashed neither what it
+	// undoes (Compensation) nor the kind of each number in its state
+	// (every integer kind was "integer", every float "number", a []byte an
+	// array of integers). A record stamped with Earlier.Fingerprint is this
+	// definition's own: it resumes as such, and is stamped with Fingerprint
+	// then, so the upgrade changes no record's definition. nil in a
+	// definition stored or exported by such a release.
 	Earlier *Earlier `json:"earlier,omitempty"`
+}
+
+// Compensation is what a definition undoes when a record fails for good:
+// before its point of no return, the compensations of the started steps
+// that have one (foreign.Compensate).
+type Compensation struct {
+	// Steps lists the steps with a compensation, in order.
+	Steps []string `json:"steps,omitempty"`
+	// NoReturnAfter is the step after which nothing is undone
+	// (Workflow.PointOfNoReturn); "" when every step may be.
+	NoReturnAfter string `json:"no_return_after,omitempty"`
 }
 
 // Earlier is a definition's fingerprint and state shape as releases before
@@ -69,11 +88,11 @@ type Earlier struct {
 	State       string `json:"state_shape"`
 }
 
-// owns reports whether a record stamped with fingerprint fp is this
+// is reports whether a record stamped with fingerprint fp is this
 // definition's: fp is its fingerprint, or the one an earlier release of
 // onceflow gave it (Earlier).
-func (s Spec) owns(fp string) bool {
-	return fp == s.Fingerprint || (s.Earlier != nil && fp == s.Earlier.Fingerprint)
+func (s Spec) is(fp string) bool {
+	return fp != "" && (fp == s.Fingerprint || (s.Earlier != nil && fp == s.Earlier.Fingerprint))
 }
 
 // sameState reports whether definitions a and b have one state shape,
@@ -110,7 +129,8 @@ type Change struct {
 // record whose recovery point is at or after from resumes at to, and to
 // keeps deriving its downstream keys from from (phase.Run.KeyStep), so that
 // a call that may have been made under the old name is made again with the
-// same key. The declaration is part of the definition's fingerprint: records
+// same key: its own key, the keys foreign.Call.KeyFor derives, and its
+// compensation's key and the key that compensation undoes. The declaration is part of the definition's fingerprint: records
 // made since the rename derive their keys from from too, so a definition
 // that drops it parks those that may have started the call. After a second
 // rename, declare the chain (Renamed("a", "b"), Renamed("b", "c")); two
@@ -178,6 +198,11 @@ func (w *Workflow[Req, State]) Spec() Spec {
 	s.Steps = slices.Clone(s.Steps)
 	s.Removed = slices.Clone(s.Removed)
 	s.Renamed = maps.Clone(s.Renamed)
+	if s.Compensation != nil {
+		c := *s.Compensation
+		c.Steps = slices.Clone(c.Steps)
+		s.Compensation = &c
+	}
 	if s.Earlier != nil {
 		earlier := *s.Earlier
 		s.Earlier = &earlier
@@ -198,12 +223,15 @@ func (w *Workflow[Req, State]) spec() Spec {
 
 func (w *Workflow[Req, State]) computeSpec() Spec {
 	s := Spec{Workflow: w.name, Steps: w.Steps(), Removed: slices.Clone(w.removed),
-		State: stateShape(reflect.TypeFor[State]()), UpgradesState: w.upgradeState != nil}
-	s.Renamed = maps.Clone(w.renamed)
-	s.Fingerprint = w.fingerprint(s.Steps, s.State)
-	if earlier := earlierStateShape(reflect.TypeFor[State]()); earlier != s.State {
-		s.Earlier = &Earlier{Fingerprint: w.fingerprint(s.Steps, earlier), State: earlier}
+		State: stateShape(reflect.TypeFor[State]()), UpgradesState: w.upgradeState != nil,
+		Compensation: &Compensation{Steps: w.compensable()}}
+	if w.noReturn >= 0 {
+		s.Compensation.NoReturnAfter = w.steps[w.noReturn].Name()
 	}
+	s.Renamed = maps.Clone(w.renamed)
+	earlier := earlierStateShape(reflect.TypeFor[State]())
+	s.Fingerprint = s.hash(w.version, true, s.State)
+	s.Earlier = &Earlier{Fingerprint: s.hash(w.version, false, earlier), State: earlier}
 	s.Version = w.version
 	if s.Version == "" {
 		s.Version = s.Fingerprint[:shortFingerprint]
@@ -211,18 +239,23 @@ func (w *Workflow[Req, State]) computeSpec() Spec {
 	return s
 }
 
-// fingerprint hashes the definition's name, explicit version, steps and
-// state shape state.
-func (w *Workflow[Req, State]) fingerprint(steps []StepInfo, state string) string {
+// hash returns the fingerprint of s, whose explicit version is version,
+// with state as its state shape: with what it undoes (s.Compensation) when
+// undo is set, or as releases before Spec.Earlier made it.
+func (s Spec) hash(version string, undo bool, state string) string {
 	h := sha256.New()
 	write := func(v string) {
 		h.Write(binary.AppendUvarint(nil, uint64(len(v))))
 		h.Write([]byte(v))
 	}
-	write("onceflow.definition.v1")
-	write(w.name)
-	write(w.version)
-	for _, st := range steps {
+	label := "onceflow.definition.v1" // what releases before Spec.Earlier hashed
+	if undo {
+		label = "onceflow.definition.v2"
+	}
+	write(label)
+	write(s.Workflow)
+	write(version)
+	for _, st := range s.Steps {
 		write(st.Name)
 		if st.Key == "" {
 			write(st.Kind.String())
@@ -234,6 +267,13 @@ func (w *Workflow[Req, State]) fingerprint(steps []StepInfo, state string) strin
 		write(st.Key)
 	}
 	write("state " + state)
+	if undo {
+		write("compensated " + strconv.Itoa(len(s.Compensation.Steps)))
+		for _, step := range s.Compensation.Steps {
+			write(step)
+		}
+		write("no return after " + s.Compensation.NoReturnAfter)
+	}
 	return hex.EncodeToString(h.Sum(nil)[:fingerprintLength])
 }
 
@@ -320,6 +360,15 @@ func (s Spec) renamedTo(name string) string {
 //     keys from the same name in both;
 //   - whatever follows them may differ: steps added, removed or changed
 //     after them run as cur says;
+//   - what a terminal failure could undo of them must not change: a step
+//     with a compensation, unless the record is past the point of no
+//     return (its step committed). So a point of no return moved past a
+//     record that had passed it, or before one that had not, parks it if
+//     it may have done a step with a compensation, and so does a
+//     compensation added to or dropped from a step it may have done,
+//     unless it is past both points of no return. A definition stored by a
+//     build from before this was recorded (Compensation nil) is not
+//     compared so;
 //   - a committed state whose writer changed the state's shape (it
 //     declares UpgradeState) is read only by a definition of the same
 //     shape or with an upgrader of its own: an older release meeting a
@@ -357,6 +406,9 @@ func Resumable(old Spec, point string, cur Spec) (string, string) {
 				st.Name, state, st.keyName(), old.Version, cur.Version, got.keyName())
 		}
 	}
+	if why := undoChanged(old, done, touched, cur); why != "" {
+		return "", why
+	}
 	if last < 0 {
 		return "", "" // no state committed yet
 	}
@@ -365,6 +417,62 @@ func Resumable(old Spec, point string, cur Spec) (string, string) {
 			old.Version, cur.Version)
 	}
 	return cur.Steps[last].Name, ""
+}
+
+// undoChanged reports how cur would undo differently than old what a
+// record that committed old's first done steps, and may have run its first
+// touched, did: "" when a terminal failure could undo the same of those
+// steps under both, those with a compensation unless the record is past
+// the point of no return. Their first touched steps are one (Resumable
+// checked it). A definition whose Compensation is unknown (stored by an
+// older build) is taken as unchanged.
+func undoChanged(old Spec, done, touched int, cur Spec) string {
+	if old.Compensation == nil || cur.Compensation == nil {
+		return ""
+	}
+	oldPast, curPast := old.pastNoReturn(done), cur.pastNoReturn(done)
+	for i, st := range old.Steps[:touched] {
+		had := slices.Contains(old.Compensation.Steps, st.Name)
+		has := slices.Contains(cur.Compensation.Steps, cur.Steps[i].Name)
+		oldUndoes, curUndoes := had && !oldPast, has && !curPast
+		if oldUndoes == curUndoes {
+			continue
+		}
+		state := "completed"
+		if i >= done {
+			state = "may have started"
+		}
+		switch {
+		case oldUndoes && curPast:
+			return fmt.Sprintf("version %s would undo step %s, which %s, but the record is past the point of no return of version %s (%s)",
+				old.Version, st.Name, state, cur.Version, cur.noReturn())
+		case oldUndoes:
+			return fmt.Sprintf("step %s, which %s, has a compensation in version %s and none in version %s, which could not undo it",
+				st.Name, state, old.Version, cur.Version)
+		case oldPast:
+			return fmt.Sprintf("the record is past the point of no return of version %s (%s), so nothing it did may be undone, but version %s would undo step %s (%s)",
+				old.Version, old.noReturn(), cur.Version, st.Name, cur.noReturn())
+		default:
+			return fmt.Sprintf("step %s, which %s, has no compensation in version %s, which would never undo it, and one in version %s",
+				st.Name, state, old.Version, cur.Version)
+		}
+	}
+	return ""
+}
+
+// pastNoReturn reports whether a record that committed s's first done
+// steps is past s's point of no return: a terminal failure undoes nothing.
+func (s Spec) pastNoReturn(done int) bool {
+	i := s.index(s.Compensation.NoReturnAfter)
+	return s.Compensation.NoReturnAfter != "" && i >= 0 && i < done
+}
+
+// noReturn describes s's point of no return.
+func (s Spec) noReturn() string {
+	if s.Compensation.NoReturnAfter == "" {
+		return "it declares no point of no return"
+	}
+	return "its point of no return is after " + s.Compensation.NoReturnAfter
 }
 
 // mayHaveRun returns how many of s's steps a record that committed the
@@ -423,12 +531,15 @@ func (f Finding) String() string {
 // workflows export` writes them) and cur (this release's), every recovery
 // point at which an in-flight record of prev would be parked under cur: an
 // empty result means the deploy parks nothing. A definition of prev that
-// cur still registers (see Versions) finishes its own records. Run it in
+// cur still registers (see Versions) finishes its own records; one
+// exported by a build from before definitions recorded what they undo
+// (Spec.Compensation nil) is taken for the definition of cur whose legacy
+// fingerprint it has, and what it undoes is not compared. Run it in
 // CI so that an unsafe change fails there, not in production.
 func Diff(prev, cur []Spec) []Finding {
 	var findings []Finding
 	for _, old := range prev {
-		if slices.ContainsFunc(cur, func(s Spec) bool { return s.Workflow == old.Workflow && s.owns(old.Fingerprint) }) {
+		if slices.ContainsFunc(cur, func(s Spec) bool { return s.Workflow == old.Workflow && s.is(old.Fingerprint) }) {
 			continue
 		}
 		latest, ok := latestSpec(cur, old.Workflow)

@@ -2,6 +2,7 @@ package workflow_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -11,20 +12,35 @@ import (
 	"github.com/onceflow/onceflow/workflow"
 )
 
-// spec builds a definition of steps written as "name:A" (atomic) or
-// "name:F" (foreign), with changes.
+// spec builds a definition of steps written as "name:A" (atomic),
+// "name:F" (foreign) or "name:FC" (foreign, with a compensation), with
+// changes.
 func spec(t *testing.T, version string, steps []string, changes ...workflow.Change) workflow.Spec {
 	t.Helper()
+	return define(version, steps).Changes(changes...).Spec()
+}
+
+// specNoReturn is spec with a point of no return after step noReturn.
+func specNoReturn(t *testing.T, version string, steps []string, noReturn string) workflow.Spec {
+	t.Helper()
+	return define(version, steps).PointOfNoReturn(noReturn).Spec()
+}
+
+func define(version string, steps []string) *workflow.Workflow[Order, Paid] {
 	var ps []phase.Step[Order, Paid]
 	for _, s := range steps {
-		name, kind := s[:len(s)-2], s[len(s)-1]
-		if kind == 'A' {
+		name, kind, _ := strings.Cut(s, ":")
+		switch kind {
+		case "A":
 			ps = append(ps, phase.Atomic(name, func(context.Context, pgx.Tx, *phase.Run[Order, Paid]) error { return nil }))
-		} else {
+		case "F":
 			ps = append(ps, phase.Foreign(name, func(context.Context, *phase.Run[Order, Paid]) error { return nil }))
+		case "FC":
+			ps = append(ps, phase.Foreign(name, func(context.Context, *phase.Run[Order, Paid]) error { return nil }).
+				Compensate(func(context.Context, *phase.Run[Order, Paid]) error { return nil }))
 		}
 	}
-	return workflow.Define("checkout", ps...).Version(version).Changes(changes...).Spec()
+	return workflow.Define("checkout", ps...).Version(version)
 }
 
 // TestResumable: every rule of a resume under a changed definition, on the
@@ -85,6 +101,13 @@ func TestResumable(t *testing.T) {
 func TestDefinitionFingerprint(t *testing.T) {
 	base := spec(t, "", []string{"a:A", "b:F"})
 	require.Len(t, base.Fingerprint, 32)
+	require.Equal(t, "11757b82bc6fac18ac8be3bef62a26cb", base.Earlier.Fingerprint,
+		"the fingerprint builds from before Compensation gave it, which records they stamped name")
+	require.Equal(t, base.Earlier.Fingerprint, specNoReturn(t, "", []string{"a:A", "b:FC"}, "a").Earlier.Fingerprint,
+		"what is undone is not in the earlier fingerprint")
+	require.Equal(t, &workflow.Compensation{Steps: []string{"b"}, NoReturnAfter: "a"},
+		define("", []string{"a:A", "b:FC"}).Changes(workflow.Removed("c")).PointOfNoReturn("a").Spec().Compensation,
+		"declared after the spec was first computed")
 	require.Equal(t, base.Fingerprint[:12], base.Version, "no explicit version: a short fingerprint")
 	require.Equal(t, base.Fingerprint, spec(t, "", []string{"a:A", "b:F"}).Fingerprint)
 	require.Equal(t, base.Fingerprint, spec(t, "", []string{"a:A", "b:F"}, workflow.Removed("c")).Fingerprint,
@@ -95,8 +118,66 @@ func TestDefinitionFingerprint(t *testing.T) {
 		spec(t, "", []string{"a:A", "bb:F"}),
 		spec(t, "", []string{"a:A", "b:F", "c:A"}),
 		spec(t, "v2", []string{"a:A", "b:F"}),
+		spec(t, "", []string{"a:A", "b:FC"}),
+		specNoReturn(t, "", []string{"a:A", "b:F"}, "a"),
+		specNoReturn(t, "", []string{"a:A", "b:F"}, "b"),
 	} {
-		require.NotEqual(t, base.Fingerprint, other.Fingerprint, "%+v", other.Steps)
+		require.NotEqual(t, base.Fingerprint, other.Fingerprint, "%+v", other)
+	}
+}
+
+// TestResumableComparesWhatIsUndone: a record another definition wrote is
+// resumed only if the new one undoes what it may have done as the old one
+// would: a record past the old point of no return must stay past the new
+// one, a record before it must not be past the new one, and each step it
+// may have done must keep or lack its compensation as it did. Changes after
+// what it may have done are the new definition's to make.
+func TestResumableComparesWhatIsUndone(t *testing.T) {
+	steps := []string{"create_order:A", "charge:FC", "record_charge:A", "ship:F", "mark_shipped:A"}
+	undoChargeUntilShipped := specNoReturn(t, "v1", steps, "mark_shipped")
+	neverUndoCharged := specNoReturn(t, "v1", steps, "record_charge")
+	for _, tc := range []struct {
+		name     string
+		old, cur workflow.Spec
+		point    string
+		parks    bool
+	}{
+		{name: "point of no return moved after a record past it", point: "record_charge", parks: true,
+			old: neverUndoCharged, cur: specNoReturn(t, "v2", steps, "mark_shipped")},
+		{name: "point of no return dropped after a record past it", point: "mark_shipped", parks: true,
+			old: neverUndoCharged, cur: spec(t, "v2", steps)},
+		{name: "point of no return moved before a record that was not past it", point: "record_charge", parks: true,
+			old: undoChargeUntilShipped, cur: specNoReturn(t, "v2", steps, "create_order")},
+		{name: "point of no return moved, the record past both", point: "mark_shipped",
+			old: undoChargeUntilShipped, cur: specNoReturn(t, "v2", steps, "record_charge")},
+		{name: "point of no return moved, the record before both", point: "create_order",
+			old: undoChargeUntilShipped, cur: specNoReturn(t, "v2", steps, "record_charge")},
+		{name: "compensation dropped from a step the record did", point: "record_charge", parks: true,
+			old: undoChargeUntilShipped, cur: specNoReturn(t, "v2", []string{"create_order:A", "charge:F", "record_charge:A", "ship:F", "mark_shipped:A"}, "mark_shipped")},
+		{name: "compensation dropped from a step that may have started", point: "create_order", parks: true,
+			old: undoChargeUntilShipped, cur: specNoReturn(t, "v2", []string{"create_order:A", "charge:F", "record_charge:A", "ship:F", "mark_shipped:A"}, "mark_shipped")},
+		{name: "compensation added to a step the record did", point: "record_charge", parks: true,
+			old: specNoReturn(t, "v1", []string{"create_order:A", "charge:F", "record_charge:A", "ship:F", "mark_shipped:A"}, "mark_shipped"),
+			cur: undoChargeUntilShipped},
+		{name: "compensation added to a step after what the record did", point: "create_order",
+			old: undoChargeUntilShipped, cur: specNoReturn(t, "v2", []string{"create_order:A", "charge:FC", "record_charge:A", "ship:FC", "mark_shipped:A"}, "mark_shipped")},
+		{name: "point of no return moved past a record, nothing it did undoable", point: "record_charge",
+			old: specNoReturn(t, "v1", []string{"create_order:A", "charge:F", "record_charge:A", "audit:A", "ship:FC"}, "record_charge"),
+			cur: spec(t, "v2", []string{"create_order:A", "charge:F", "record_charge:A", "audit:A", "ship:FC"})},
+		{name: "point of no return moved past a record whose next call, undoable, may have started", point: "record_charge", parks: true,
+			old: specNoReturn(t, "v1", []string{"create_order:A", "charge:F", "record_charge:A", "ship:FC"}, "record_charge"),
+			cur: spec(t, "v2", []string{"create_order:A", "charge:F", "record_charge:A", "ship:FC"})},
+		{name: "compensation dropped from a first foreign step, nothing committed", point: "", parks: true,
+			old: spec(t, "v1", []string{"charge:FC", "record_charge:A"}), cur: spec(t, "v2", []string{"charge:F", "record_charge:A"})},
+		{name: "compensation dropped from a step the record did, past both points of no return", point: "record_charge",
+			old: neverUndoCharged, cur: specNoReturn(t, "v2", []string{"create_order:A", "charge:F", "record_charge:A", "ship:F", "mark_shipped:A"}, "create_order")},
+	} {
+		_, why := workflow.Resumable(tc.old, tc.point, tc.cur)
+		if tc.parks {
+			require.NotEmpty(t, why, tc.name)
+		} else {
+			require.Empty(t, why, tc.name)
+		}
 	}
 }
 
@@ -118,6 +199,27 @@ func TestDiff(t *testing.T) {
 	require.Empty(t, workflow.Diff([]workflow.Spec{v1}, []workflow.Spec{v1, before}), "v1 kept registered")
 	gone := workflow.Diff([]workflow.Spec{v1}, nil)
 	require.Len(t, gone, 3)
+
+	refunded := specNoReturn(t, "v1", []string{"create_order:A", "charge:FC", "record_charge:A", "ship:F"}, "record_charge")
+	later := specNoReturn(t, "v2", []string{"create_order:A", "charge:FC", "record_charge:A", "ship:F"}, "ship")
+	findings = workflow.Diff([]workflow.Spec{refunded}, []workflow.Spec{later})
+	require.Len(t, findings, 1, "%v", findings) // a record after record_charge: v2 would refund what v1 never would
+	require.Equal(t, "record_charge", findings[0].RecoveryPoint)
+	require.Contains(t, findings[0].Reason, "point of no return")
+	unrefunded := specNoReturn(t, "v2", []string{"create_order:A", "charge:F", "record_charge:A", "ship:F"}, "record_charge")
+	findings = workflow.Diff([]workflow.Spec{refunded}, []workflow.Spec{unrefunded})
+	require.Len(t, findings, 2, "%v", findings) // charge may have started, or is done, and v2 cannot refund it
+	require.Contains(t, findings[0].Reason, "compensation")
+	require.Equal(t, "charge", findings[1].RecoveryPoint)
+
+	// An export from a build that did not record what is undone: its
+	// definition is the current one of the same earlier fingerprint, and a
+	// change of what is undone cannot be seen.
+	legacy := refunded
+	legacy.Fingerprint, legacy.State, legacy.Earlier, legacy.Compensation = refunded.Earlier.Fingerprint, refunded.Earlier.State, nil, nil
+	require.Empty(t, workflow.Diff([]workflow.Spec{legacy}, []workflow.Spec{refunded}), "the same definition")
+	require.Empty(t, workflow.Diff([]workflow.Spec{legacy}, []workflow.Spec{later}), "what v1 undid is unknown")
+	require.Len(t, workflow.Diff([]workflow.Spec{legacy}, []workflow.Spec{before}), 3, "the steps are compared")
 }
 
 // TestStateShapeIsPartOfTheDefinition: a state type whose JSON shape

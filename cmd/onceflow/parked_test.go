@@ -374,3 +374,61 @@ func TestSweeperOnceReportsParked(t *testing.T) {
 	require.Contains(t, r.stderr, `level=WARN msg="parked records wait for an operator: onceflow keys list --status parked" workflow=checkout records=1`)
 	require.Equal(t, recovery.StatusParked, v.load("order-1").Status)
 }
+
+// TestWorkflowsDiffComparesWhatIsUndone: workflows diff fails a deploy that
+// moves the point of no return past records in flight that had passed it
+// (they would be undone); definitions exported by a build that did not
+// record what they undo are compared by their steps, with a note.
+func TestWorkflowsDiffComparesWhatIsUndone(t *testing.T) {
+	t.Parallel()
+	noop := func(context.Context, pgx.Tx, *phase.Run[int, int]) error { return nil }
+	call := func(context.Context, *phase.Run[int, int]) error { return nil }
+	define := func(version, noReturn string) workflow.Spec {
+		return workflow.Define("checkout", phase.Atomic("create_order", noop), phase.Foreign("charge", call).Compensate(call),
+			phase.Atomic("record_charge", noop), phase.Atomic("ship", noop)).Version(version).PointOfNoReturn(noReturn).Spec()
+	}
+	dir := t.TempDir()
+	file := func(name string, specs ...workflow.Spec) string {
+		t.Helper()
+		body, err := json.Marshal(specs)
+		require.NoError(t, err)
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, body, 0o600))
+		return path
+	}
+	v1 := define("1", "record_charge")
+	cur := file("cur.json", define("2", "ship"))
+	r := onceflow(t, "workflows", "diff", file("prev.json", v1), cur)
+	require.Equal(t, 3, r.code, "%s%s", r.stdout, r.stderr)
+	require.Equal(t, "checkout 1 after record_charge: the record is past the point of no return of version 1 (its point of no return is after record_charge), "+
+		"so nothing it did may be undone, but version 2 would undo step charge (its point of no return is after ship)\n", r.stdout)
+	require.NotContains(t, r.stderr, "note:")
+
+	legacy := v1
+	legacy.Fingerprint, legacy.State, legacy.Earlier, legacy.Compensation = v1.Earlier.Fingerprint, v1.Earlier.State, nil, nil
+	r = onceflow(t, "workflows", "diff", file("legacy.json", legacy), cur)
+	require.Zero(t, r.code, "%s%s", r.stdout, r.stderr)
+	require.Contains(t, r.stderr, "legacy.json holds definitions from a build that did not record what they undo")
+}
+
+// TestKeysResumeTakesTheDefinitionOverItsLegacyOne: a version stored by a
+// build from before definitions recorded what they undo, and again by this
+// one under its new fingerprint, is one definition: keys resume --as takes
+// its label for the new one instead of asking for a fingerprint.
+func TestKeysResumeTakesTheDefinitionOverItsLegacyOne(t *testing.T) {
+	t.Parallel()
+	v := newVersioned(t)
+	v.park("order-1")
+	sp := v.v2.Spec()
+	legacy := sp
+	legacy.Fingerprint, legacy.State, legacy.Earlier, legacy.Compensation = sp.Earlier.Fingerprint, sp.Earlier.State, nil, nil
+	body, err := json.Marshal(legacy)
+	require.NoError(t, err)
+	pool := dbtest.Connect(t, v.url, 1)
+	_, err = pool.Exec(v.ctx, `INSERT INTO onceflow_definitions (workflow, fingerprint, version, spec) VALUES ($1, $2, $3, $4)`,
+		sp.Workflow, legacy.Fingerprint, sp.Version, string(body))
+	require.NoError(t, err)
+
+	require.Contains(t, ok(t, "keys", "resume", "acme", "order-1", "--as", "2", v.db), "(fingerprint "+sp.Fingerprint+")")
+	require.Equal(t, sp.Fingerprint, v.load("order-1").ResumeAs)
+}

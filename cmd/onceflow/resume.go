@@ -105,6 +105,7 @@ func storedVersion(ctx context.Context, store *recovery.Store, wf, version strin
 			matches = append(matches, d)
 		}
 	}
+	matches = dropSuperseded(matches)
 	switch len(matches) {
 	case 0:
 		known := make([]string, len(defs))
@@ -112,7 +113,7 @@ func storedVersion(ctx context.Context, store *recovery.Store, wf, version strin
 			known[i] = d.Version
 		}
 		return recovery.StoredDefinition{}, workflow.Spec{}, fmt.Errorf(
-			"workflow %s has no stored version %q (stored: %s); a version is stored when a process first runs it, or calls Engine.SaveDefinitions",
+			"workflow %s has no stored version %q (stored: %s); a version is stored when a process registers it (builds its engine with it, or first runs it)",
 			wf, version, cmp.Or(strings.Join(known, ", "), "none"))
 	case 1:
 	default:
@@ -129,6 +130,25 @@ func storedVersion(ctx context.Context, store *recovery.Store, wf, version strin
 		return recovery.StoredDefinition{}, workflow.Spec{}, fmt.Errorf("decode stored definition %s of %s: %w", matches[0].Fingerprint, wf, err)
 	}
 	return matches[0], spec, nil
+}
+
+// dropSuperseded drops from defs each definition another one of them
+// supersedes: one stored by a build from before definitions recorded what
+// they undo, under the fingerprint that build gave a definition this
+// build stores again under its own (Spec.Earlier), with the same version
+// label. Engines take a record of either for the newer one.
+func dropSuperseded(defs []recovery.StoredDefinition) []recovery.StoredDefinition {
+	if len(defs) < 2 {
+		return defs
+	}
+	legacy := map[string]bool{}
+	for _, d := range defs {
+		var spec workflow.Spec
+		if json.Unmarshal(d.Spec, &spec) == nil && spec.Earlier != nil {
+			legacy[spec.Earlier.Fingerprint] = true
+		}
+	}
+	return slices.DeleteFunc(defs, func(d recovery.StoredDefinition) bool { return legacy[d.Fingerprint] })
 }
 
 func stepList(steps []workflow.StepInfo) string {

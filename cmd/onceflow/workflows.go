@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 
 	"github.com/spf13/cobra"
 
@@ -46,7 +47,7 @@ by (or are to be resumed as), oldest first, as a JSON array: the previous releas
 side of workflows diff. A definition with nothing left in flight is left out, so that
 a version dropped after its records finished fails no later deploy. With --all, it
 writes every definition the database stores (a process stores its definitions when
-it first runs them).`,
+it registers them: when its engine is built, or a workflow first runs).`,
 		Example: `  onceflow workflows export > prev.json
   onceflow workflows diff <(onceflow workflows export) <(yourservice workflows export)`,
 		Args: args(cobra.NoArgs),
@@ -88,7 +89,14 @@ from the new build: Engine.Specs as JSON), and lists every recovery point at whi
 record the previous definitions left in flight would be parked by the current ones.
 
 It exits 0 when nothing would park, and 3 when something would: run it in CI so that
-an unsafe deploy fails there. It exits 1 when it cannot read the files.`,
+an unsafe deploy fails there. It exits 1 when it cannot read the files.
+
+A record would park where the current definition may not continue what it did: a step
+changed, inserted or removed up to its recovery point (or a foreign step after it whose
+call may have been made), or what a terminal failure would undo of those steps changed
+(the point of no return moved past the record or before it, a compensation added or
+dropped). Definitions exported by a build from before onceflow recorded what they
+undo are compared by their steps alone, with a note on stderr.`,
 		Example: `  onceflow workflows diff <(onceflow workflows export) <(checkout workflows export)`,
 		Args:    args(cobra.ExactArgs(2)),
 		RunE: func(_ *cobra.Command, a []string) error {
@@ -99,6 +107,11 @@ an unsafe deploy fails there. It exits 1 when it cannot read the files.`,
 			cur, err := readSpecs(a[1])
 			if err != nil {
 				return err
+			}
+			for i, specs := range [][]workflow.Spec{prev, cur} {
+				if slices.ContainsFunc(specs, func(s workflow.Spec) bool { return s.Compensation == nil }) {
+					fmt.Fprintf(opts.stderr, "note: %s holds definitions from a build that did not record what they undo (compensations, the point of no return): a change of that is not checked for them\n", a[i])
+				}
 			}
 			findings := workflow.Diff(prev, cur)
 			if findings == nil {

@@ -56,9 +56,11 @@ func newUpgradeWorld(ctx context.Context, t *testing.T) (*upgradeWorld, error) {
 	return &upgradeWorld{db: db, provider: p, app: a}, nil
 }
 
-// release declares a next release's checkout from steps.
+// release declares a next release's checkout from steps, with the
+// deployed release's point of no return: what a failure undoes is part of
+// the definition, and a release that changed it would park records too.
 func release(version string, steps ...phase.Step[CheckoutRequest, CheckoutState]) *workflow.Workflow[CheckoutRequest, CheckoutState] {
-	return workflow.Define("checkout", steps...).Version(version).Finish(paidResponse)
+	return workflow.Define("checkout", steps...).Version(version).PointOfNoReturn("record_charge").Finish(paidResponse)
 }
 
 // allocateStock is a step a release adds after charge.
@@ -151,7 +153,7 @@ func TestCheckoutSurvivesAStepAddedAfterCharge(t *testing.T) {
 	t.Parallel()
 	report := upgrade(t, func(w *upgradeWorld) *workflow.Workflow[CheckoutRequest, CheckoutState] {
 		a := w.app
-		return release("v2", phase.Atomic("create_order", a.createOrder), foreign.Mutation("charge", a.charge),
+		return release("v2", phase.Atomic("create_order", a.createOrder), foreign.Mutation("charge", a.charge, foreign.Compensate(a.refund)),
 			w.allocateStock(), phase.Atomic("record_charge", a.recordCharge))
 	})
 	require.NoError(t, report.Err())
@@ -174,7 +176,7 @@ func TestCheckoutParksAStepInsertedBeforeCharge(t *testing.T) {
 	report := upgrade(t, func(w *upgradeWorld) *workflow.Workflow[CheckoutRequest, CheckoutState] {
 		a := w.app
 		return release("v2", phase.Atomic("create_order", a.createOrder), w.screenCard(),
-			foreign.Mutation("charge", a.charge), phase.Atomic("record_charge", a.recordCharge))
+			foreign.Mutation("charge", a.charge, foreign.Compensate(a.refund)), phase.Atomic("record_charge", a.recordCharge))
 	})
 	require.NoError(t, report.Err())
 	require.Equal(t, []string{"after create_order's commit", "before charge", "after charge's call",
