@@ -64,9 +64,15 @@ type attempt[Req, State any] struct {
 	placed    bool // next is set: the claim found where the record is
 	first     int  // the step after the recovery point the claim found
 	loaded    bool // the record's request and state are read into run
-	// claimedPoint is the recovery point the claim found, as stored (a.rec
-	// has it in this definition's names once loaded).
-	claimedPoint string
+	// claimed is the record as the claim found it, as stored (a.rec has
+	// the recovery point in this definition's names once loaded).
+	claimed claimMark
+	// restamped is what loadState stamped the record with in the claim's
+	// uncommitted transaction: a rollback takes it back with the claim,
+	// and the claim made again after it (recordAfterRollback) makes it
+	// again, so that the state this attempt writes is never stored under
+	// the definition that wrote the state it replaces.
+	restamped *restamp
 	// retriedStep is the last step whose call this attempt tried again
 	// (foreign.Retry): an earlier try of it may have reached the other
 	// system.
@@ -247,7 +253,7 @@ func (a *attempt[Req, State]) claimKey(ctx context.Context, folded bool) (*Resul
 		}
 		return replayed(rec), nil
 	}
-	a.rec, a.outcome, a.claimedPoint = rec, outcome, rec.RecoveryPoint
+	a.rec, a.outcome, a.claimed = rec, outcome, markOf(rec)
 	a.run.Key, a.run.RecordID, a.run.Attempt, a.run.Lease = a.key, rec.ID, rec.Attempts+1, a.e.lease
 	a.run.KeysFromClientKey = a.e.keysFromKey
 	a.run.Retried = func(step string, try int, err error, wait time.Duration) { a.retried(ctx, step, try, err, wait) }
@@ -335,6 +341,9 @@ func (a *attempt[Req, State]) loadState(ctx context.Context, rec *recovery.Recor
 	sp := a.w.spec()
 	if err := seam.StoreOf(a.store()).Restamp(ctx, a.rec.Fence(), sp.Fingerprint, r.point, state); err != nil {
 		return fenced(err)
+	}
+	if a.claimOpen {
+		a.restamped = &restamp{point: r.point, state: state}
 	}
 	a.rec.RecoveryPoint = r.point // in this definition's names, for ResumedFrom and the log
 	if r.upgrade {
@@ -517,7 +526,7 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 		}
 	}
 	err := a.runAtomic(ctx, step)
-	if a.tx.Ended() {
+	if a.tx.Ended() || (rollsBack(err) && a.tx.Restarted(ctx)) {
 		return a.txEndedByStep(ctx, step.Name())
 	}
 	if o, ok := asOutcome(err); ok {
@@ -543,6 +552,19 @@ func (a *attempt[Req, State]) atomic(ctx context.Context, step phase.Step[Req, S
 	}
 	a.next++
 	return nil, a.e.crashPoint(ctx, a.key, AfterCommit, step.Name())
+}
+
+// rollsBack reports whether a phase that returned err has its transaction
+// rolled back (an error, a Reject), rather than committed (nil, Respond,
+// Abort): before a rollback the attempt asks whether the phase restarted
+// its transaction (opentx.Tx.Restarted), since what it wrote before the
+// restart is committed and the rollback would leave it for a retry to make
+// again; a commit finds that out by itself.
+func rollsBack(err error) bool {
+	if o, ok := asOutcome(err); ok {
+		return o.reject
+	}
+	return err != nil
 }
 
 // atomicTries is how often an atomic phase runs within one attempt when
@@ -719,7 +741,14 @@ func (a *attempt[Req, State]) respondOrReject(ctx context.Context, step string, 
 	a.rollback()
 	cleanupCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	if rec, ok := a.recordAfterRollback(cleanupCtx, a.outcome == recovery.OutcomeTakeover); ok {
+	reclaim := a.outcome == recovery.OutcomeTakeover
+	rec, ok := a.recordAfterRollback(cleanupCtx, reclaim)
+	if !ok && reclaim {
+		// Another attempt got to the record meanwhile: its answer is the
+		// key's, and what it did is not this Reject's to forget.
+		return a.failed(ctx, step, &lostLease{fmt.Errorf("%w: another attempt took the record over while this one rejected it", ErrLeaseLost)})
+	}
+	if ok {
 		err := a.e.store.DeleteUnstarted(cleanupCtx, rec.Fence())
 		if errors.Is(err, ErrLeaseLost) {
 			// Another attempt took the key over: its answer is the key's.
@@ -805,13 +834,20 @@ func (a *attempt[Req, State]) failed(ctx context.Context, step string, cause err
 		a.rec = rec
 		return a.compensationFailed(ctx, cmp.Or(step, rec.Undo[0]), cause)
 	}
+	spent := counted && a.e.maxAttempts > 0 && rec.Attempts+1 >= a.e.maxAttempts
 	var err error
 	switch {
+	case (permanent || spent) && !a.placed && !a.wentAway(ctx):
+		// The record ends before an attempt could read it as this
+		// definition does (its route, its state): giving up now would
+		// undo by a guess at which steps it did. An operator decides.
+		a.rec = rec
+		return a.park(ctx, fmt.Sprintf("it failed for good before an attempt could read it as version %s: %v", a.w.spec().Version, cause))
 	case permanent:
 		return a.giveUp(ctx, step, rec, rec.Attempts+1, cause, nil)
 	case a.wentAway(ctx):
 		err = seam.StoreOf(a.e.store).HandBack(cleanupCtx, rec.Fence(), stepErr.Error())
-	case counted && a.e.maxAttempts > 0 && rec.Attempts+1 >= a.e.maxAttempts:
+	case spent:
 		return a.giveUp(ctx, step, rec, rec.Attempts+1, cause, nil)
 	case isDeferred:
 		err = a.deferKey(ctx, cleanupCtx, rec, step, deferred, stepErr, counted)
@@ -873,16 +909,50 @@ func (a *attempt[Req, State]) recordAfterRollback(ctx context.Context, reclaim b
 	if err != nil || outcome == recovery.OutcomeReplay {
 		return nil, false // another attempt got there first
 	}
-	if rec.RecoveryPoint != a.claimedPoint || rec.Compensating() {
+	if markOf(rec) != a.claimed || rec.Compensating() {
 		// Another attempt took the key over between the rollback and this
-		// claim, and moved the record on: what this one ran into, at a
-		// place the record has left, is not the record's to answer for.
-		if err := seam.StoreOf(a.e.store).HandBack(ctx, rec.Fence(), "an attempt overtaken while its claim was rolled back"); err != nil {
-			a.e.logger.WarnContext(ctx, "could not hand the lease back", a.logAttrs("", slog.Any("error", err))...)
-		}
+		// claim, and moved the record on, ran it under another definition
+		// or ended an attempt of its own: what this one ran into is not
+		// the record's to answer for, nor its to undo or forget.
+		a.handBackOvertaken(ctx, rec)
 		return nil, false
 	}
+	if r := a.restamped; r != nil {
+		if err := seam.StoreOf(a.e.store).Restamp(ctx, rec.Fence(), a.w.spec().Fingerprint, r.point, r.state); err != nil {
+			a.handBackOvertaken(ctx, rec)
+			return nil, false
+		}
+		rec.Definition, rec.RecoveryPoint = a.w.spec().Fingerprint, r.point
+	}
 	return rec, true
+}
+
+// handBackOvertaken hands back rec, claimed again after a rollback, which
+// this attempt may not answer for.
+func (a *attempt[Req, State]) handBackOvertaken(ctx context.Context, rec *recovery.Record) {
+	if err := seam.StoreOf(a.e.store).HandBack(ctx, rec.Fence(), "an attempt overtaken while its claim was rolled back"); err != nil {
+		a.e.logger.WarnContext(ctx, "could not hand the lease back", a.logAttrs("", slog.Any("error", err))...)
+	}
+}
+
+// claimMark is what a claim found of a record that tells whether another
+// attempt got to it since: any attempt that took it over and ended counts
+// an attempt or moves it on, and one that ran it under another definition
+// restamps it.
+type claimMark struct {
+	point, definition, resumeAs string
+	attempts                    int
+}
+
+func markOf(rec *recovery.Record) claimMark {
+	return claimMark{point: rec.RecoveryPoint, definition: rec.Definition, resumeAs: rec.ResumeAs, attempts: rec.Attempts}
+}
+
+// restamp is a restamp of the record (loadState): its recovery point in
+// the running definition's names, and its upgraded state (nil: kept).
+type restamp struct {
+	point string
+	state []byte
 }
 
 // failTerminally stores a 500 for the key, in the open transaction if any,

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/opentx"
 	"github.com/onceflow/onceflow/internal/seam"
 	"github.com/onceflow/onceflow/internal/tracing"
 	"github.com/onceflow/onceflow/phase"
@@ -67,6 +68,9 @@ func (a *attempt[Req, State]) giveUp(ctx context.Context, step string, rec *reco
 		fmt.Sprintf("undoing %s after: %v", strings.Join(undo, ", "), cause))
 	if err == nil && a.tx != nil {
 		err = a.commit(cleanupCtx)
+		if errors.Is(err, opentx.ErrEnded) {
+			return a.txEndedByStep(ctx, step)
+		}
 	}
 	if err != nil {
 		a.rollback()
@@ -118,16 +122,10 @@ func (a *attempt[Req, State]) refused(failing int, cause error, abort *Response)
 }
 
 // failingStep returns the index of the step the attempt was running when
-// it gave up: the step after the recovery point, until the attempt has
-// placed itself among the steps.
+// it gave up, once it has placed itself among the steps (an attempt that
+// did not gives up only by parking: see failed).
 func (a *attempt[Req, State]) failingStep() (int, bool) {
-	if a.placed {
-		return a.next, true
-	}
-	if a.rec == nil {
-		return 0, false
-	}
-	return a.w.indexAfter(a.rec.RecoveryPoint)
+	return a.next, a.placed
 }
 
 // compensate runs the compensations the record still lists (Record.Undo),

@@ -101,8 +101,10 @@ func (w *Workflow[Req, State]) Finish(fn func(*State) Response) *Workflow[Req, S
 	return w
 }
 
-// PointOfNoReturn declares that once step afterStep has committed, a
-// terminal failure no longer undoes anything: before it, a workflow that
+// PointOfNoReturn declares that once step afterStep has committed (a
+// foreign step: once its call may have been made, since its result commits
+// only with the next commit), a terminal failure no longer undoes
+// anything: before it, a workflow that
 // fails for good (Abort, a phase.Permanent error, MaxAttempts) runs the
 // compensations (foreign.Compensate) of its started foreign steps; after
 // it, the failure is stored as it is and the record ends failed, for an
@@ -131,7 +133,7 @@ func (w *Workflow[Req, State]) PointOfNoReturn(afterStep string) *Workflow[Req, 
 // unless refused (its own error or Abort said it did nothing). None after
 // the point of no return.
 func (w *Workflow[Req, State]) undo(failing int, refused bool) []string {
-	if w.noReturn >= 0 && failing > w.noReturn {
+	if w.pastNoReturn(failing, refused) {
 		return nil
 	}
 	var undo []string
@@ -141,6 +143,22 @@ func (w *Workflow[Req, State]) undo(failing int, refused bool) []string {
 		}
 	}
 	return undo
+}
+
+// pastNoReturn reports whether a workflow that fails for good at the step
+// at index failing (refused: that step's own error or Abort says it did
+// nothing) is past its point of no return: the step after which nothing
+// is undone has committed, or, being a foreign step, may have made its
+// call (its result commits only with the step after it). It is the rule
+// Spec.pastNoReturn applies to a stored definition.
+func (w *Workflow[Req, State]) pastNoReturn(failing int, refused bool) bool {
+	switch {
+	case w.noReturn < 0:
+		return false
+	case failing > w.noReturn:
+		return true
+	}
+	return failing == w.noReturn && w.steps[failing].Kind() == phase.KindForeign && !refused
 }
 
 // compensable lists the steps with a compensation, in order.

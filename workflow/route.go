@@ -77,10 +77,7 @@ func (e *Engine) route(ctx context.Context, s *recovery.Store, w runnable, rec *
 		return route{park: fmt.Sprintf("the definition that wrote the record (fingerprint %s) is neither registered nor stored; running version %s",
 			rec.Definition, cur.Version)}, nil
 	}
-	point, why := Resumable(*old, rec.RecoveryPoint, cur)
-	if why == "" {
-		why = undoKeysKept(*old, rec.RecoveryPoint, cur, w.compensable())
-	}
+	point, why := resumeAt(*old, rec.RecoveryPoint, cur)
 	if why != "" {
 		return route{park: fmt.Sprintf("written by version %s, running version %s: %s", old.Version, cur.Version, why)}, nil
 	}

@@ -430,7 +430,7 @@ func undoChanged(old Spec, done, touched int, cur Spec) string {
 	if old.Compensation == nil || cur.Compensation == nil {
 		return ""
 	}
-	oldPast, curPast := old.pastNoReturn(done), cur.pastNoReturn(done)
+	oldPast, curPast := old.pastNoReturn(touched), cur.pastNoReturn(touched)
 	for i, st := range old.Steps[:touched] {
 		had := slices.Contains(old.Compensation.Steps, st.Name)
 		has := slices.Contains(cur.Compensation.Steps, cur.Steps[i].Name)
@@ -460,11 +460,14 @@ func undoChanged(old Spec, done, touched int, cur Spec) string {
 	return ""
 }
 
-// pastNoReturn reports whether a record that committed s's first done
-// steps is past s's point of no return: a terminal failure undoes nothing.
-func (s Spec) pastNoReturn(done int) bool {
+// pastNoReturn reports whether a record that may have run s's first
+// touched steps (mayHaveRun) is past s's point of no return: its step has
+// committed or, being a foreign step, may have made its call, and a
+// terminal failure undoes nothing (the rule Workflow.PointOfNoReturn
+// states).
+func (s Spec) pastNoReturn(touched int) bool {
 	i := s.index(s.Compensation.NoReturnAfter)
-	return s.Compensation.NoReturnAfter != "" && i >= 0 && i < done
+	return s.Compensation.NoReturnAfter != "" && i >= 0 && i < touched
 }
 
 // noReturn describes s's point of no return.
@@ -548,7 +551,7 @@ func Diff(prev, cur []Spec) []Finding {
 			f := Finding{Workflow: old.Workflow, From: old.Version, RecoveryPoint: p}
 			if !ok {
 				f.Reason = "no current definition has this workflow"
-			} else if _, f.Reason = Resumable(old, p, latest); f.Reason == "" {
+			} else if _, f.Reason = resumeAt(old, p, latest); f.Reason == "" {
 				continue
 			}
 			f.To = latest.Version
@@ -556,6 +559,24 @@ func Diff(prev, cur []Spec) []Finding {
 		}
 	}
 	return findings
+}
+
+// resumeAt decides, as the engine does (route) and the deploy check
+// (Diff) with it, whether cur resumes a record old wrote at point: the
+// recovery point in cur's names, or why the record parks.
+func resumeAt(old Spec, point string, cur Spec) (string, string) {
+	at, why := Resumable(old, point, cur)
+	if why != "" {
+		return "", why
+	}
+	var compensable []string
+	if cur.Compensation != nil {
+		compensable = cur.Compensation.Steps
+	}
+	if why := undoKeysKept(old, point, cur, compensable); why != "" {
+		return "", why
+	}
+	return at, ""
 }
 
 // latestSpec returns the last spec of workflow in specs: the one new

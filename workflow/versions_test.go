@@ -201,8 +201,9 @@ func TestDiff(t *testing.T) {
 	require.Len(t, gone, 3)
 
 	refunded := specNoReturn(t, "v1", []string{"create_order:A", "charge:FC", "record_charge:A", "ship:F"}, "record_charge")
-	later := specNoReturn(t, "v2", []string{"create_order:A", "charge:FC", "record_charge:A", "ship:F"}, "ship")
-	findings = workflow.Diff([]workflow.Spec{refunded}, []workflow.Spec{later})
+	confirmed := specNoReturn(t, "v1", []string{"create_order:A", "charge:FC", "record_charge:A", "confirm:A", "ship:F"}, "record_charge")
+	later := specNoReturn(t, "v2", []string{"create_order:A", "charge:FC", "record_charge:A", "confirm:A", "ship:F"}, "confirm")
+	findings = workflow.Diff([]workflow.Spec{confirmed}, []workflow.Spec{later})
 	require.Len(t, findings, 1, "%v", findings) // a record after record_charge: v2 would refund what v1 never would
 	require.Equal(t, "record_charge", findings[0].RecoveryPoint)
 	require.Contains(t, findings[0].Reason, "point of no return")
@@ -215,11 +216,11 @@ func TestDiff(t *testing.T) {
 	// An export from a build that did not record what is undone: its
 	// definition is the current one of the same earlier fingerprint, and a
 	// change of what is undone cannot be seen.
-	legacy := refunded
-	legacy.Fingerprint, legacy.State, legacy.Earlier, legacy.Compensation = refunded.Earlier.Fingerprint, refunded.Earlier.State, nil, nil
-	require.Empty(t, workflow.Diff([]workflow.Spec{legacy}, []workflow.Spec{refunded}), "the same definition")
+	legacy := confirmed
+	legacy.Fingerprint, legacy.State, legacy.Earlier, legacy.Compensation = confirmed.Earlier.Fingerprint, confirmed.Earlier.State, nil, nil
+	require.Empty(t, workflow.Diff([]workflow.Spec{legacy}, []workflow.Spec{confirmed}), "the same definition")
 	require.Empty(t, workflow.Diff([]workflow.Spec{legacy}, []workflow.Spec{later}), "what v1 undid is unknown")
-	require.Len(t, workflow.Diff([]workflow.Spec{legacy}, []workflow.Spec{before}), 3, "the steps are compared")
+	require.Len(t, workflow.Diff([]workflow.Spec{legacy}, []workflow.Spec{before}), 4, "the steps are compared")
 }
 
 // TestStateShapeIsPartOfTheDefinition: a state type whose JSON shape

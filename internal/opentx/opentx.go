@@ -293,6 +293,26 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandT
 	return tag, err
 }
 
+// Restarted reports whether the borrower ended or restarted the
+// transaction, asking the server when nothing seen so far tells (Ended):
+// one round trip, for an owner about to roll back, which otherwise never
+// learns that writes it rolls back were committed before. A transaction
+// not begun, or aborted by a failed statement (which takes no query), is
+// reported as not restarted.
+func (t *Tx) Restarted(ctx context.Context) bool {
+	if t == nil || t.begin != "" {
+		return false
+	}
+	if t.Ended() {
+		return true
+	}
+	if pc := t.conn.PgConn(); pc.IsClosed() || pc.TxStatus() != 'T' {
+		return false
+	}
+	t.checkMark(ctx)
+	return t.restarted
+}
+
 // checkMark asks the server whether the transaction still carries its
 // mark, after a string of statements that may have ended or restarted it,
 // and notes the answer for Ended. An error leaves the question to the
